@@ -1,0 +1,304 @@
+"""The quantized KV cache: a head-major pytree updated functionally.
+
+Layout (one layer; a stacked cache adds a leading layer axis to every leaf):
+  k, v       `QArray`s of logical shape ``[B, K, S, H]`` (S = capacity).
+  k_res      KIVI only, ``[B, K, R, H]``: full-precision keys not yet
+             quantized. With ``L`` tokens cached, ``r = L % R`` and
+             ``Lq = L - r``: slot ``i < r`` holds token ``Lq + i``; other
+             slots are zero.
+  v_res      KIVI only, ``[B, K, R, H]``: ring of the last R values; token
+             ``t`` in ``[L - R, L)`` sits in slot ``t % R``.
+  lengths    ``[B]`` int32 tokens cached per sequence (ragged).
+
+KIVI keys are quantized R tokens at a time (when the residual fills), in R/G
+groups per channel; key codes are packed planar along tokens in blocks of R.
+Values get their per-token codes as soon as they arrive (per-token
+quantization of a token does not depend on when it happens), and the ring
+keeps the last R in full precision: eviction is free. Because ``Lq % R == 0``
+both residuals line up with ``t % R``, so ``materialize`` tiles them.
+
+Capacity: appending beyond S is an error when lengths are concrete; under jit
+(where Python cannot raise) tokens beyond capacity are dropped, lengths stop
+at S and stored tokens are never overwritten. `append(..., checked=True)`
+adds a `checkify` check instead, for `checkify.checkify`-wrapped callers.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.experimental import checkify
+from jaxtyping import Array, Float, Int
+
+from kvjax import quant
+from kvjax.formats import FP8Spec, KIVISpec, KVFormat, Passthrough, QuantSpec
+from kvjax.quant import QArray
+
+__all__ = ["KVCache", "init_cache", "append", "prefill", "materialize", "stack", "unstack",
+           "static_scale_shape"]
+
+
+@struct.dataclass
+class KVCache:
+  """Quantized KV cache of one layer (or a stack of layers, leading axis)."""
+
+  k: QArray
+  v: QArray
+  k_res: Array | None
+  v_res: Array | None
+  lengths: Array
+  fmt: KVFormat = struct.field(pytree_node=False)
+
+  @property
+  def batch(self) -> int:
+    return self.lengths.shape[-1]
+
+  @property
+  def num_kv_heads(self) -> int:
+    return self.k.shape[-3]
+
+  @property
+  def capacity(self) -> int:
+    return self.k.shape[-2]
+
+  @property
+  def head_dim(self) -> int:
+    return self.k.shape[-1]
+
+  @property
+  def num_layers(self) -> int | None:
+    """Number of stacked layers, or None for a single-layer cache."""
+    return self.lengths.shape[0] if self.lengths.ndim == 2 else None
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes of every array in the cache: codes, scales, residuals, lengths."""
+    return quant.nbytes(self)
+
+  def layer(self, i: int) -> "KVCache":
+    if self.num_layers is None:
+      raise ValueError("layer() needs a stacked cache (lengths of rank 2); this cache has one layer")
+    return jax.tree_util.tree_map(lambda a: a[i], self)
+
+  def append(self, k, v, num_new=None, *, checked: bool = False) -> "KVCache":
+    return append(self, k, v, num_new, checked=checked)
+
+  def materialize(self, dtype=jnp.float32):
+    return materialize(self, dtype)
+
+
+def static_scale_shape(spec: QuantSpec, num_kv_heads: int, head_dim: int) -> tuple[int, ...] | None:
+  """Shape of a static FP8 scale inside the cache (broadcasts against [B, K, S, H])."""
+  if not (isinstance(spec, FP8Spec) and spec.static):
+    return None
+  return {"tensor": (1, 1, 1, 1), "head": (1, num_kv_heads, 1, 1),
+          "channel": (1, num_kv_heads, 1, head_dim)}[spec.granularity]
+
+
+def _empty_qarray(spec: QuantSpec, batch: int, heads: int, capacity: int, head_dim: int,
+                  static_scale: Array | None, block: int) -> QArray:
+  """All-zero storage with the shapes `quant.quantize` produces."""
+  x = jax.ShapeDtypeStruct((batch, heads, capacity, head_dim), jnp.bfloat16)
+  if isinstance(spec, FP8Spec) and spec.static:
+    shape = static_scale_shape(spec, heads, head_dim)
+    scale = jnp.ones(shape, jnp.float32) if static_scale is None else jnp.asarray(static_scale, jnp.float32)
+    if scale.shape != shape:
+      raise ValueError(f"static scale for granularity {spec.granularity!r} must have shape {shape}, "
+                       f"got {scale.shape}")
+    codes = jax.eval_shape(lambda a: quant.quantize(a, spec, scale=scale).codes, x)
+    return QArray(codes=jnp.zeros(codes.shape, codes.dtype), scale=scale, zero=None, spec=spec)
+  shapes = jax.eval_shape(lambda a: quant.quantize(a, spec, block=block), x)
+  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head_dim: int, *,
+               scales: tuple[Array | None, Array | None] | None = None,
+               num_layers: int | None = None) -> KVCache:
+  """An empty cache.
+
+  Args:
+    fmt: storage format.
+    batch, num_kv_heads, capacity, head_dim: B, K, S, H.
+    scales: static FP8 ``(key_scale, value_scale)`` for this layer (or stacked
+      with a leading layer axis when `num_layers` is set), shaped as
+      `static_scale_shape`; unit scales when None.
+    num_layers: when set, returns a stacked cache for scan-over-layers.
+  """
+  for name, val in (("batch", batch), ("num_kv_heads", num_kv_heads), ("capacity", capacity),
+                    ("head_dim", head_dim)):
+    if not isinstance(val, (int, np.integer)) or val < 1:
+      raise ValueError(f"{name} must be a positive int, got {val!r}")
+  fmt.validate_head_dim(head_dim)
+  r = fmt.residual
+  if r and capacity % r:
+    raise ValueError(f"capacity ({capacity}) must be a multiple of the residual length R ({r}) "
+                     f"for {fmt.name!r}")
+  if num_layers is not None:
+    ks, vs = scales if scales is not None else (None, None)
+    layers = [init_cache(fmt, batch, num_kv_heads, capacity, head_dim,
+                         scales=(None if ks is None else ks[i], None if vs is None else vs[i]))
+              for i in range(num_layers)]
+    return stack(layers)
+  ks, vs = scales if scales is not None else (None, None)
+  key_block = r if isinstance(fmt.key, KIVISpec) else head_dim
+  k = _empty_qarray(fmt.key, batch, num_kv_heads, capacity, head_dim, ks, block=key_block)
+  v = _empty_qarray(fmt.value, batch, num_kv_heads, capacity, head_dim, vs, block=head_dim)
+  res = jnp.zeros((batch, num_kv_heads, r, head_dim), fmt.residual_dtype) if r else None
+  return KVCache(k=k, v=v, k_res=res, v_res=res, lengths=jnp.zeros((batch,), jnp.int32), fmt=fmt)
+
+
+def stack(caches: Sequence[KVCache]) -> KVCache:
+  """Stacks per-layer caches along a new leading axis (for `jax.lax.scan`)."""
+  return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *caches)
+
+
+def unstack(cache: KVCache) -> list[KVCache]:
+  return [cache.layer(i) for i in range(cache.num_layers)]
+
+
+def _check_new(cache: KVCache, k: Array, v: Array) -> None:
+  for name, x in (("k", k), ("v", v)):
+    if x.ndim != 4:
+      raise ValueError(f"{name} must have rank 4 [B, K, T, H], got shape {x.shape}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      raise TypeError(f"{name} must be floating point, got dtype {x.dtype}")
+    want = (cache.batch, cache.num_kv_heads, x.shape[2], cache.head_dim)
+    if x.shape != want:
+      raise ValueError(f"{name} must have shape [B={want[0]}, K={want[1]}, T, H={want[3]}], "
+                       f"got {x.shape}")
+  if k.shape != v.shape:
+    raise ValueError(f"k and v must have the same shape, got {k.shape} and {v.shape}")
+
+
+def _scatter_tokens(dst: Array, new: Array, pos: Array) -> Array:
+  """dst [B, K, S', X] <- new [B, K, n, X] at per-sequence token rows pos [B, n]; out-of-range dropped."""
+  def one(d, x, p):
+    return d.at[:, p].set(x.astype(d.dtype), mode="drop")
+  return jax.vmap(one)(dst, new, pos)
+
+
+def _write_per_token(old: QArray, new: QArray, pos: Array) -> QArray:
+  """Writes the codes of `new` (and its per-token scales, if any) at token rows `pos`."""
+  codes = _scatter_tokens(old.codes, new.codes, pos)
+  if old.scale is None or (isinstance(old.spec, FP8Spec) and old.spec.static):
+    return old.replace(codes=codes)
+  zero = None if old.zero is None else _scatter_tokens(old.zero, new.zero, pos)
+  return old.replace(codes=codes, scale=_scatter_tokens(old.scale, new.scale, pos), zero=zero)
+
+
+def _flush_keys(cache: KVCache, k_new: Array, count: Array):
+  """KIVI keys: residual + new tokens; full R-blocks are quantized and stored."""
+  fmt, r_len = cache.fmt, cache.fmt.residual
+  b, h, n, d = k_new.shape
+  lengths = cache.lengths
+  r = lengths % r_len
+  n_blocks = (r_len + n) // r_len  # most blocks one append can complete
+  buf = jnp.zeros((b, h, (n_blocks + 1) * r_len, d), cache.k_res.dtype)
+  buf = buf.at[:, :, :r_len].set(cache.k_res)
+  j = jnp.arange(n)
+  pos = jnp.where(j[None] < count[:, None], r[:, None] + j[None], buf.shape[2])
+  buf = _scatter_tokens(buf, k_new, pos)
+  m = r + count
+  full = m // r_len
+  blocks = buf[:, :, : n_blocks * r_len].reshape(b, h, n_blocks, r_len, d)
+  qb = quant.quantize(blocks.astype(jnp.float32), fmt.key, block=r_len)
+  # Store block i at block index Lq / R + i when i < full; others dropped.
+  n_stored = cache.capacity // r_len
+  blk = jnp.arange(n_blocks)
+  dest = jnp.where(blk[None] < full[:, None], (lengths - r)[:, None] // r_len + blk[None], n_stored)
+
+  def put(old, new):
+    old_b = old.reshape(b, h, n_stored, -1, d)
+    return _scatter_tokens(old_b, new, dest).reshape(old.shape)
+
+  k = cache.k.replace(codes=put(cache.k.codes, qb.codes), scale=put(cache.k.scale, qb.scale),
+                      zero=put(cache.k.zero, qb.zero))
+  start = full * r_len
+  res = jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, r_len, axis=1))(buf, start)
+  keep = jnp.arange(r_len)[None, :] < (m - start)[:, None]
+  res = jnp.where(keep[:, None, :, None], res, 0).astype(cache.k_res.dtype)
+  return k, res
+
+
+def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"],
+           num_new: Int[Array, "B"] | None = None, *, checked: bool = False) -> KVCache:
+  """Appends T tokens to every sequence (or `num_new[b]` <= T of them) and returns the new cache.
+
+  Prefill, chunked prefill, decode (T = 1) and speculative verification
+  (small T) all go through here. Token j of sequence b lands at position
+  ``lengths[b] + j``. See the module docstring for what happens at capacity.
+  """
+  stacked = cache.num_layers is not None
+  b, n = k.shape[-4], k.shape[-2]
+  s_cap = cache.capacity
+  count = jnp.full((b,), n, jnp.int32) if num_new is None else jnp.asarray(num_new, jnp.int32)
+  if count.shape != (b,):
+    raise ValueError(f"num_new must have shape [B={b}], got {count.shape}")
+  lengths = cache.lengths[0] if stacked else cache.lengths
+  if checked:
+    checkify.check(jnp.all(lengths + count <= s_cap),
+                   "append past capacity: lengths {l} + new {c} > capacity " + str(s_cap),
+                   l=lengths, c=count)
+  elif not isinstance(lengths, jax.core.Tracer) and not isinstance(count, jax.core.Tracer):
+    c = np.asarray(count)
+    if (np.asarray(lengths) + c > s_cap).any() or (c > n).any() or (c < 0).any():
+      raise ValueError(f"append past capacity or bad num_new: lengths {np.asarray(lengths)} + "
+                       f"num_new {c} must be <= capacity ({s_cap}), with 0 <= num_new <= T ({n})")
+  if stacked:
+    return jax.vmap(lambda c_, a, b_: append(c_, a, b_, count))(cache, k, v)
+  _check_new(cache, k, v)
+  lengths = cache.lengths
+  count = jnp.clip(jnp.minimum(count, s_cap - lengths), 0, n)
+  j = jnp.arange(n)
+  valid = j[None] < count[:, None]
+  pos = jnp.where(valid, lengths[:, None] + j[None], s_cap)  # s_cap: dropped
+  fmt = cache.fmt
+  if fmt.is_kivi:
+    k = k.astype(fmt.residual_dtype)
+    v = v.astype(fmt.residual_dtype)
+  new_v = quant.quantize(v, fmt.value, scale=cache.v.scale, block=cache.v.block or None)
+  vq = _write_per_token(cache.v, new_v, pos)
+  if fmt.is_kivi:
+    r_len = fmt.residual
+    end = lengths + count
+    in_window = valid & (pos >= (end - r_len)[:, None])
+    slot = jnp.where(in_window, pos % r_len, r_len)
+    v_res = _scatter_tokens(cache.v_res, v, slot)
+    kq, k_res = _flush_keys(cache, k, count)
+  else:
+    new_k = quant.quantize(k, fmt.key, scale=cache.k.scale, block=cache.k.block or None)
+    kq, k_res, v_res = _write_per_token(cache.k, new_k, pos), None, None
+  return cache.replace(k=kq, v=vq, k_res=k_res, v_res=v_res, lengths=lengths + count)
+
+
+def prefill(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"],
+            lengths: Int[Array, "B"] | None = None) -> KVCache:
+  """Fills an (empty or partly filled) cache with a right-padded prompt; `lengths` are valid tokens."""
+  return append(cache, k, v, lengths)
+
+
+def materialize(cache: KVCache, dtype=jnp.float32) -> tuple[Array, Array]:
+  """What attention sees: keys and values ``[B, K, S, H]`` (positions >= length are arbitrary).
+
+  This is the reference semantics every kernel must match: tokens before
+  ``Lq`` use dequantized keys, later ones the residual; tokens in the last R
+  use full-precision values, earlier ones dequantized values.
+  """
+  if cache.num_layers is not None:
+    return jax.vmap(lambda c: materialize(c, dtype))(cache)
+  k = quant.dequantize(cache.k, dtype)
+  v = quant.dequantize(cache.v, dtype)
+  if not cache.fmt.is_kivi:
+    return k, v
+  r_len = cache.fmt.residual
+  reps = cache.capacity // r_len
+  t = jnp.arange(cache.capacity)[None, None, :, None]
+  lengths = cache.lengths[:, None, None, None]
+  lq = lengths - lengths % r_len
+  k = jnp.where(t < lq, k, jnp.tile(cache.k_res.astype(dtype), (1, 1, reps, 1)))
+  v = jnp.where(t < lengths - r_len, v, jnp.tile(cache.v_res.astype(dtype), (1, 1, reps, 1)))
+  return k, v

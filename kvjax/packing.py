@@ -1,0 +1,64 @@
+"""Planar packing of 2- and 4-bit codes into bytes.
+
+Along the packed axis, elements come in blocks of `block` elements. With
+``n = 8 // bits`` codes per byte, a block occupies ``block // n`` bytes and
+byte ``j`` of the block holds elements ``j + i * (block // n)`` for ``i`` in
+``[0, n)``, the i-th at bits ``[i * bits, (i + 1) * bits)``.
+
+Unpacking is therefore one shift and one mask per slice, and slice ``i`` of
+a block is the contiguous range ``[i * block // n, (i + 1) * block // n)``:
+kernels never interleave inside registers (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxtyping import Array, UInt8
+
+__all__ = ["pack", "unpack", "codes_per_byte"]
+
+
+def codes_per_byte(bits: int) -> int:
+  if bits not in (2, 4, 8):
+    raise ValueError(f"bits must be 2, 4 or 8, got {bits!r}")
+  return 8 // bits
+
+
+def _check(length: int, bits: int, block: int, what: str) -> int:
+  n = codes_per_byte(bits)
+  if block % n:
+    raise ValueError(f"block ({block}) must be a multiple of {n} to pack {bits}-bit codes")
+  if length % block:
+    raise ValueError(f"{what} length ({length}) must be a multiple of block ({block})")
+  return n
+
+
+def pack(codes: UInt8[Array, "..."], bits: int, axis: int, block: int) -> UInt8[Array, "..."]:
+  """Packs unsigned codes (< 2**bits) planar along `axis`; that axis shrinks 8/bits times."""
+  axis = axis % codes.ndim
+  length = codes.shape[axis]
+  n = _check(length, bits, block, "packed axis")
+  if n == 1:
+    return codes.astype(jnp.uint8)
+  shape = codes.shape
+  x = codes.astype(jnp.uint8).reshape(shape[:axis] + (length // block, n, block // n) + shape[axis + 1:])
+  out = jnp.zeros(shape[:axis] + (length // block, block // n) + shape[axis + 1:], jnp.uint8)
+  for i in range(n):
+    out = out | (jnp.take(x, i, axis=axis + 1) << (i * bits)).astype(jnp.uint8)
+  return out.reshape(shape[:axis] + (length // n,) + shape[axis + 1:])
+
+
+def unpack(packed: UInt8[Array, "..."], bits: int, axis: int, block: int) -> UInt8[Array, "..."]:
+  """Inverse of `pack`: the packed axis grows 8/bits times."""
+  axis = axis % packed.ndim
+  n = codes_per_byte(bits)
+  length = packed.shape[axis] * n
+  _check(length, bits, block, "unpacked axis")
+  if n == 1:
+    return packed
+  shape = packed.shape
+  x = packed.reshape(shape[:axis] + (length // block, 1, block // n) + shape[axis + 1:])
+  shifts = (jnp.arange(n, dtype=jnp.uint8) * bits).reshape((n, 1) + (1,) * (len(shape) - axis - 1))
+  mask = jnp.uint8(2 ** bits - 1)
+  out = (x >> shifts) & mask
+  return out.reshape(shape[:axis] + (length,) + shape[axis + 1:])

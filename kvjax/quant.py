@@ -1,0 +1,214 @@
+"""Pure quantize / dequantize transforms over a quantized-array pytree.
+
+`QArray` holds integer or FP8 `codes`, a `scale` and (KIVI) a `zero` (the
+group minimum) as array leaves and the `QuantSpec` as static metadata, like
+qwix's QArray. Arrays are ``[..., S, H]`` (tokens, channels).
+
+Scale computation is separate from quantization (`compute_scale`), so static
+scales from calibration and dynamic per-token scales share one code path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jaxtyping import Array, Float
+
+from kvjax import packing
+from kvjax.formats import FP8_DTYPES, FP8Spec, IntSpec, KIVISpec, Passthrough, QuantSpec
+
+__all__ = ["QArray", "quantize", "dequantize", "compute_scale", "round_up", "round_down"]
+
+
+@struct.dataclass
+class QArray:
+  """A quantized ``[..., S, H]`` array.
+
+  Attributes:
+    codes: FP8 / int8 codes ``[..., S, H]``; uint8 planar-packed sub-byte codes
+      ``[..., S // n, H]`` (KIVI keys, packed along tokens) or ``[..., S, H // n]``
+      (values and INT4, packed along channels); bf16 for `Passthrough`.
+    scale: multiplier; broadcastable to the logical shape, or per KIVI group
+      (``[..., S // G, H]`` keys, ``[..., S, H // G]`` values). None for passthrough.
+    zero: KIVI group minimum, same shape as `scale`; None otherwise.
+    spec: the static `QuantSpec`.
+    block: static planar packing block along the packed axis.
+  """
+
+  codes: Array
+  scale: Array | None
+  zero: Array | None
+  spec: Any = struct.field(pytree_node=False)
+  block: int = struct.field(pytree_node=False, default=0)
+
+  @property
+  def packed_axis(self) -> int | None:
+    bits = getattr(self.spec, "bits", 8)
+    if bits >= 8:
+      return None
+    if isinstance(self.spec, KIVISpec) and self.spec.axis == "token":
+      return self.codes.ndim - 2
+    return self.codes.ndim - 1
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    """Logical (unpacked) shape."""
+    shape = list(self.codes.shape)
+    if self.packed_axis is not None:
+      shape[self.packed_axis] *= packing.codes_per_byte(self.spec.bits)
+    return tuple(shape)
+
+  @property
+  def ndim(self) -> int:
+    return self.codes.ndim
+
+  def dequantize(self, dtype=jnp.float32) -> Array:
+    return dequantize(self, dtype)
+
+
+def _finfo_tiny(dtype) -> float:
+  return float(jnp.finfo(dtype).tiny)
+
+
+def round_up(x: Array, dtype) -> Array:
+  """Rounds positive f32 `x` to `dtype`, never down, never to zero."""
+  r = x.astype(dtype)
+  r = jnp.where(r.astype(jnp.float32) < x, jnp.nextafter(r, jnp.array(jnp.inf, dtype)), r)
+  return jnp.maximum(r, jnp.array(_finfo_tiny(dtype), dtype))
+
+
+def round_down(x: Array, dtype) -> Array:
+  """Rounds f32 `x` to `dtype`, never up."""
+  r = x.astype(dtype)
+  return jnp.where(r.astype(jnp.float32) > x, jnp.nextafter(r, jnp.array(-jnp.inf, dtype)), r)
+
+
+def compute_scale(x: Float[Array, "... S H"], spec: QuantSpec) -> tuple[Array | None, Array | None]:
+  """Dynamic scale (and zero) of `x` for `spec`, as stored (rounded to its scale_dtype).
+
+  Returns ``(scale, zero)``. Static FP8 granularities have no dynamic scale:
+  pass calibrated scales to `quantize` instead.
+  """
+  x = x.astype(jnp.float32)
+  if isinstance(spec, Passthrough):
+    return None, None
+  sd = jnp.dtype(spec.scale_dtype)
+  if isinstance(spec, FP8Spec):
+    if spec.static:
+      raise ValueError(f"FP8 granularity {spec.granularity!r} uses static scales: pass `scale=` "
+                       "(from kvjax.calibrate) instead of computing it per call")
+    amax = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+    return round_up(jnp.where(amax > 0, amax / spec.max, 1.0), sd), None
+  if isinstance(spec, IntSpec):
+    amax = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+    return round_up(jnp.where(amax > 0, amax / spec.qmax, 1.0), sd), None
+  if isinstance(spec, KIVISpec):
+    g = spec.group_size
+    if spec.axis == "token":
+      if x.shape[-2] % g:
+        raise ValueError(f"token count ({x.shape[-2]}) must be a multiple of group_size ({g}) "
+                         "to quantize keys per channel")
+      grouped = x.reshape(x.shape[:-2] + (x.shape[-2] // g, g, x.shape[-1]))
+      red = -2
+    else:
+      if x.shape[-1] % g:
+        raise ValueError(f"group_size ({g}) must divide head_dim ({x.shape[-1]})")
+      grouped = x.reshape(x.shape[:-1] + (x.shape[-1] // g, g))
+      red = -1
+    mn = round_down(jnp.min(grouped, axis=red), sd)
+    mx = jnp.max(grouped, axis=red)
+    step = (mx - mn.astype(jnp.float32)) / spec.qmax
+    # A constant group (max == stored min) gets a unit scale: codes are 0, no 0/0.
+    scale = jnp.where(step > 0, round_up(step, sd), jnp.ones_like(step, sd))
+    return scale, mn
+  raise TypeError(f"spec must be a QuantSpec, got {type(spec).__name__}")
+
+
+def _expand_groups(a: Array, spec: KIVISpec) -> Array:
+  """Repeats per-group scale / zero back to one entry per element."""
+  axis = -2 if spec.axis == "token" else -1
+  return jnp.repeat(a.astype(jnp.float32), spec.group_size, axis=axis)
+
+
+def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None = None,
+             block: int | None = None) -> QArray:
+  """Quantizes `x` according to `spec`.
+
+  Args:
+    x: activations ``[..., S, H]``.
+    spec: how to quantize.
+    scale: static FP8 scale broadcastable to `x` (per tensor, head or channel);
+      required for static FP8 granularities, ignored otherwise.
+    block: planar packing block along the packed axis (default: the whole axis).
+      The cache packs keys in blocks of R tokens.
+
+  Returns:
+    A `QArray` whose `dequantize` approximates `x`.
+  """
+  if x.ndim < 2:
+    raise ValueError(f"x must have rank >= 2 ([..., S, H]), got shape {x.shape}")
+  if isinstance(spec, Passthrough):
+    return QArray(codes=x.astype(spec.dtype), scale=None, zero=None, spec=spec, block=0)
+  xf = x.astype(jnp.float32)
+  if isinstance(spec, FP8Spec):
+    if spec.static:
+      if scale is None:
+        raise ValueError(f"FP8 granularity {spec.granularity!r} needs a static `scale` (e.g. from "
+                         "kvjax.calibrate); got None")
+      s = jnp.asarray(scale, jnp.float32)
+    else:
+      s, _ = compute_scale(xf, spec)
+    q = jnp.clip(xf / s.astype(jnp.float32), -spec.max, spec.max).astype(FP8_DTYPES[spec.dtype])
+    stored = s if not spec.static else jnp.asarray(scale)
+    return QArray(codes=q, scale=stored, zero=None, spec=spec, block=0)
+  s, zero = compute_scale(xf, spec)
+  if isinstance(spec, IntSpec):
+    codes = jnp.clip(jnp.round(xf / s.astype(jnp.float32)), -spec.qmax, spec.qmax)
+    if spec.bits == 8:
+      return QArray(codes=codes.astype(jnp.int8), scale=s, zero=None, spec=spec, block=0)
+    blk = block or x.shape[-1]
+    biased = (codes + 8).astype(jnp.uint8)
+    return QArray(codes=packing.pack(biased, 4, axis=-1, block=blk), scale=s, zero=None,
+                  spec=spec, block=blk)
+  assert isinstance(spec, KIVISpec)
+  sf = _expand_groups(s, spec)
+  zf = _expand_groups(zero, spec)
+  codes = jnp.round(jnp.clip((xf - zf) / sf, 0, spec.qmax)).astype(jnp.uint8)
+  axis = -2 if spec.axis == "token" else -1
+  blk = block or x.shape[axis]
+  return QArray(codes=packing.pack(codes, spec.bits, axis=axis, block=blk), scale=s, zero=zero,
+                spec=spec, block=blk)
+
+
+def unpacked_codes(q: QArray) -> Array:
+  """Integer codes with the packing undone (int4 bias removed)."""
+  spec = q.spec
+  if isinstance(spec, IntSpec) and spec.bits == 4:
+    return packing.unpack(q.codes, 4, axis=-1, block=q.block).astype(jnp.int32) - 8
+  if isinstance(spec, KIVISpec):
+    axis = -2 if spec.axis == "token" else -1
+    return packing.unpack(q.codes, spec.bits, axis=axis, block=q.block)
+  return q.codes
+
+
+def dequantize(q: QArray, dtype=jnp.float32) -> Array:
+  """Reconstructs ``[..., S, H]`` values from a `QArray`."""
+  spec = q.spec
+  if isinstance(spec, Passthrough):
+    return q.codes.astype(dtype)
+  codes = unpacked_codes(q).astype(jnp.float32)
+  if isinstance(spec, KIVISpec):
+    out = codes * _expand_groups(q.scale, spec) + _expand_groups(q.zero, spec)
+  else:
+    out = codes * jnp.asarray(q.scale, jnp.float32)
+  return out.astype(dtype)
+
+
+def nbytes(tree) -> int:
+  """Total bytes of the array leaves of `tree` (shapes only; works on ShapeDtypeStructs)."""
+  return int(sum(np.prod(l.shape, dtype=np.int64) * jnp.dtype(l.dtype).itemsize
+                 for l in jax.tree_util.tree_leaves(tree)))

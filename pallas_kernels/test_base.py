@@ -1,0 +1,120 @@
+"""Shared test base: every decode kernel must equal the XLA reference.
+
+Subclass `DecodeAttentionTestBase` in a test module (name it ``Test...``) and
+implement `attention(q, cache, **options)`; set `FORMATS` to what the backend
+supports. Cases cover every format, GQA, one and several query tokens, and
+lengths 0, 1, full capacity and ragged batches, with KIVI residual windows
+that are empty, partial and full.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kvjax import attention, cache as cache_lib, formats
+
+ALL_FORMATS = ("bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_static", "int8", "int4", "kivi4", "kivi2",
+               "kivi2_g128")
+
+# capacity 384 = 3 KIVI residual blocks of 128.
+CAPACITY = 384
+LENGTHS = {
+    "zero": [0, 0],
+    "one": [1, 1],
+    "full": [CAPACITY, CAPACITY],
+    # residual windows: empty (128, 256), partial (1, 37+128, 300), full/ring-wrapped.
+    "ragged": [0, 1, 128, 165, 256, 300, 383, 384],
+}
+
+
+def outlier_kv(key, shape, outlier_channels=4, outlier_scale=20.0):
+  """Random K/V with a few large channels, like real LLM keys."""
+  k1, k2 = jax.random.split(key)
+  x = jax.random.normal(k1, shape, jnp.float32)
+  chans = jax.random.choice(k2, shape[-1], (outlier_channels,), replace=False)
+  return x.at[..., chans].multiply(outlier_scale)
+
+
+def make_case(fmt_name: str, lengths, *, num_kv_heads=2, rep=4, head_dim=128, num_queries=1,
+              capacity=CAPACITY, seed=0, scales=None):
+  """Returns (q [B, N, T, H], cache) with random contents filled to `lengths`."""
+  fmt = formats.preset(fmt_name)
+  b = len(lengths)
+  key = jax.random.PRNGKey(seed)
+  kk, kv, kq, ks = jax.random.split(key, 4)
+  if fmt.has_static_scales and scales is None:
+    ksh = cache_lib.static_scale_shape(fmt.key, num_kv_heads, head_dim)
+    vsh = cache_lib.static_scale_shape(fmt.value, num_kv_heads, head_dim)
+    k1, k2 = jax.random.split(ks)
+    scales = tuple(None if sh is None else jax.random.uniform(kk_, sh, minval=0.02, maxval=0.1)
+                   for kk_, sh in ((k1, ksh), (k2, vsh)))
+  cache = cache_lib.init_cache(fmt, b, num_kv_heads, capacity, head_dim, scales=scales)
+  k = outlier_kv(kk, (b, num_kv_heads, capacity, head_dim))
+  v = jax.random.normal(kv, (b, num_kv_heads, capacity, head_dim), jnp.float32)
+  # Prefill part, then append the rest token by token for some sequences, so
+  # both write paths feed the kernel.
+  lengths = np.asarray(lengths, np.int32)
+  first = np.maximum(lengths - 3, 0)
+  cache = cache_lib.append(cache, k, v, jnp.asarray(first))
+  for step in range(3):
+    idx = np.minimum(first + step, capacity - 1)
+    kt = jnp.take_along_axis(k, jnp.asarray(idx)[:, None, None, None], axis=2)
+    vt = jnp.take_along_axis(v, jnp.asarray(idx)[:, None, None, None], axis=2)
+    cache = cache_lib.append(cache, kt, vt, jnp.asarray((first + step < lengths).astype(np.int32)))
+  np.testing.assert_array_equal(np.asarray(cache.lengths), lengths)
+  q = jax.random.normal(kq, (b, num_kv_heads * rep, num_queries, head_dim), jnp.float32)
+  return q.astype(jnp.bfloat16), cache
+
+
+def relative_error(out, ref) -> float:
+  out = np.asarray(out, np.float64)
+  ref = np.asarray(ref, np.float64)
+  return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+class DecodeAttentionTestBase:
+  """Mix into a ``Test...`` class and implement `attention`."""
+
+  FORMATS = ALL_FORMATS
+  RTOL = 1e-2  # relative L2 error at bf16 level
+  NUM_QUERIES = (1, 3)
+
+  def attention(self, q, cache, **options):
+    raise NotImplementedError
+
+  def _check(self, fmt_name, lengths, num_queries=1, rep=4, num_kv_heads=2, **options):
+    if fmt_name not in self.FORMATS:
+      pytest.skip(f"{fmt_name} not supported by this backend")
+    q, cache = make_case(fmt_name, lengths, num_queries=num_queries, rep=rep,
+                         num_kv_heads=num_kv_heads)
+    ref = attention.decode_attention(q.astype(jnp.float32), cache, **options)
+    out = self.attention(q, cache, **options)
+    assert out.shape == q.shape, (out.shape, q.shape)
+    out = np.asarray(out, np.float32)
+    assert np.isfinite(out).all(), "kernel produced non-finite values"
+    ref = np.asarray(ref, np.float32)
+    for b, length in enumerate(lengths):
+      if length == 0:
+        np.testing.assert_allclose(out[b], 0.0, atol=1e-6)
+      else:
+        visible = [i for i in range(num_queries) if length - num_queries + i >= 0]
+        err = relative_error(out[b][:, visible], ref[b][:, visible])
+        assert err < self.RTOL, f"{fmt_name} seq {b} (length {length}): rel err {err:.2e}"
+
+  @pytest.mark.parametrize("lengths", list(LENGTHS), ids=list(LENGTHS))
+  @pytest.mark.parametrize("fmt_name", ALL_FORMATS)
+  def test_matches_reference(self, fmt_name, lengths):
+    self._check(fmt_name, LENGTHS[lengths])
+
+  @pytest.mark.parametrize("fmt_name", ALL_FORMATS)
+  def test_several_queries(self, fmt_name):
+    for t in self.NUM_QUERIES:
+      self._check(fmt_name, [2, 130, 384], num_queries=t)
+
+  @pytest.mark.parametrize("rep,num_kv_heads", [(1, 2), (8, 1)])
+  def test_gqa_shapes(self, rep, num_kv_heads):
+    self._check("kivi2", [5, 200], rep=rep, num_kv_heads=num_kv_heads)
+    self._check("fp8_e4m3", [5, 200], rep=rep, num_kv_heads=num_kv_heads)
