@@ -123,7 +123,7 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
   Args:
     fmt: storage format.
     batch, num_kv_heads, capacity, head_dim: B, K, S, H.
-    scales: static FP8 ``(key_scale, value_scale)`` for this layer (or stacked
+    scales: static FP8 ``(key_scale, value_scale)`` or a `KVScales` for this layer (or stacked
       with a leading layer axis when `num_layers` is set), shaped as
       `static_scale_shape`; unit scales when None.
     num_layers: when set, returns a stacked cache for scan-over-layers.
@@ -133,6 +133,8 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
     if not isinstance(val, (int, np.integer)) or val < 1:
       raise ValueError(f"{name} must be a positive int, got {val!r}")
   fmt.validate_head_dim(head_dim)
+  if hasattr(scales, "as_tuple"):  # calibration.KVScales
+    scales = scales.as_tuple()
   r = fmt.residual
   if r and capacity % r:
     raise ValueError(f"capacity ({capacity}) must be a multiple of the residual length R ({r}) "

@@ -21,7 +21,8 @@ from jaxtyping import Array, Float
 from kvjax import packing
 from kvjax.formats import FP8_DTYPES, FP8Spec, IntSpec, KIVISpec, Passthrough, QuantSpec
 
-__all__ = ["QArray", "quantize", "dequantize", "compute_scale", "round_up", "round_down"]
+__all__ = ["QArray", "quantize", "dequantize", "compute_scale", "round_up", "round_down", "step_for",
+           "div_round"]
 
 
 @struct.dataclass
@@ -87,6 +88,37 @@ def round_down(x: Array, dtype) -> Array:
   return jnp.where(r.astype(jnp.float32) > x, jnp.nextafter(r, jnp.array(-jnp.inf, dtype)), r)
 
 
+def step_for(span: Array, qmax: int, dtype) -> Array:
+  """The smallest `dtype` value s (>= tiny) with ``s * qmax >= span``, for ``span >= 0``.
+
+  Defined by exact comparisons (``s * qmax`` is exact in f32 for 16-bit s and
+  qmax < 2^8), so it does not depend on how a backend rounds division: XLA
+  on CPU divides with up to 1 ulp of error.
+  """
+  s = round_up(span / qmax, dtype)
+  down = jnp.nextafter(s, jnp.array(-jnp.inf, dtype))
+  s = jnp.where((down > 0) & (down.astype(jnp.float32) * qmax >= span), down, s)
+  s = jnp.where(s.astype(jnp.float32) * qmax < span, jnp.nextafter(s, jnp.array(jnp.inf, dtype)), s)
+  return jnp.maximum(s, jnp.array(_finfo_tiny(dtype), dtype))
+
+
+def div_round(t: Array, s: Array) -> Array:
+  """``round_half_even(t / s)`` for f32 `t` and 16-bit-valued `s`, exact.
+
+  One division, then a correction by exact remainders (``c * s`` is exact for
+  the small integers c of 8-bit-or-narrower codes).
+  """
+  c = jnp.round(t / s)
+  r = t - c * s
+  half = s * 0.5
+  c = jnp.where(r > half, c + 1, jnp.where(r < -half, c - 1, c))
+  r = t - c * s
+  odd = jnp.mod(c, 2) != 0
+  c = jnp.where((r == half) & odd, c + 1, c)
+  c = jnp.where((r == -half) & odd, c - 1, c)
+  return c
+
+
 def compute_scale(x: Float[Array, "... S H"], spec: QuantSpec) -> tuple[Array | None, Array | None]:
   """Dynamic scale (and zero) of `x` for `spec`, as stored (rounded to its scale_dtype).
 
@@ -102,10 +134,10 @@ def compute_scale(x: Float[Array, "... S H"], spec: QuantSpec) -> tuple[Array | 
       raise ValueError(f"FP8 granularity {spec.granularity!r} uses static scales: pass `scale=` "
                        "(from kvjax.calibrate) instead of computing it per call")
     amax = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
-    return round_up(jnp.where(amax > 0, amax / spec.max, 1.0), sd), None
+    return step_for(jnp.where(amax > 0, amax, spec.max), spec.max, sd), None
   if isinstance(spec, IntSpec):
     amax = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
-    return round_up(jnp.where(amax > 0, amax / spec.qmax, 1.0), sd), None
+    return step_for(jnp.where(amax > 0, amax, spec.qmax), spec.qmax, sd), None
   if isinstance(spec, KIVISpec):
     g = spec.group_size
     if spec.axis == "token":
@@ -121,9 +153,9 @@ def compute_scale(x: Float[Array, "... S H"], spec: QuantSpec) -> tuple[Array | 
       red = -1
     mn = round_down(jnp.min(grouped, axis=red), sd)
     mx = jnp.max(grouped, axis=red)
-    step = (mx - mn.astype(jnp.float32)) / spec.qmax
+    span = mx - mn.astype(jnp.float32)
     # A constant group (max == stored min) gets a unit scale: codes are 0, no 0/0.
-    scale = jnp.where(step > 0, round_up(step, sd), jnp.ones_like(step, sd))
+    scale = jnp.where(span > 0, step_for(span, spec.qmax, sd), jnp.ones_like(span, sd))
     return scale, mn
   raise TypeError(f"spec must be a QuantSpec, got {type(spec).__name__}")
 
@@ -167,7 +199,7 @@ def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None
     return QArray(codes=q, scale=stored, zero=None, spec=spec, block=0)
   s, zero = compute_scale(xf, spec)
   if isinstance(spec, IntSpec):
-    codes = jnp.clip(jnp.round(xf / s.astype(jnp.float32)), -spec.qmax, spec.qmax)
+    codes = jnp.clip(div_round(xf, s.astype(jnp.float32)), -spec.qmax, spec.qmax)
     if spec.bits == 8:
       return QArray(codes=codes.astype(jnp.int8), scale=s, zero=None, spec=spec, block=0)
     blk = block or x.shape[-1]
@@ -177,7 +209,7 @@ def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None
   assert isinstance(spec, KIVISpec)
   sf = _expand_groups(s, spec)
   zf = _expand_groups(zero, spec)
-  codes = jnp.round(jnp.clip((xf - zf) / sf, 0, spec.qmax)).astype(jnp.uint8)
+  codes = jnp.clip(div_round(xf - zf, sf), 0, spec.qmax).astype(jnp.uint8)
   axis = -2 if spec.axis == "token" else -1
   blk = block or x.shape[axis]
   return QArray(codes=packing.pack(codes, spec.bits, axis=axis, block=blk), scale=s, zero=zero,
