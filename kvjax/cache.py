@@ -235,6 +235,11 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
   ``lengths[b] + j``. See the module docstring for what happens at capacity.
   """
   stacked = cache.num_layers is not None
+  want = 5 if stacked else 4
+  for name, x in (("k", k), ("v", v)):
+    if x.ndim != want:
+      raise ValueError(f"{name} must have rank {want} ({'[L, ' if stacked else '['}B, K, T, H]), "
+                       f"got shape {x.shape}")
   b, n = k.shape[-4], k.shape[-2]
   s_cap = cache.capacity
   count = jnp.full((b,), n, jnp.int32) if num_new is None else jnp.asarray(num_new, jnp.int32)

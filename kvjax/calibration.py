@@ -115,17 +115,25 @@ def _percentile_clip(hist: np.ndarray, amax: np.ndarray, q: float) -> np.ndarray
 
 
 def _mse_clip(hist: np.ndarray, amax: np.ndarray, spec: FP8Spec, num_candidates: int = 48):
-  """Clip in [amax / 8, amax] minimising the FP8 round-trip error over the histogram."""
-  centers = np.sqrt(EDGES[:-1] * EDGES[1:])  # geometric bin centres
+  """Clip in [amax / 8, amax] minimising the FP8 round-trip error over the histogram.
+
+  Each bin is represented by its geometric centre, except that the maximum
+  itself is counted exactly (it is the value clipping hurts most).
+  """
+  centers = np.sqrt(EDGES[:-1] * EDGES[1:])
   ratios = 2.0 ** (-3 * np.arange(num_candidates)[::-1] / (num_candidates - 1))  # 1/8 .. 1
   clips = amax[..., None] * ratios  # [..., C]
+  top = np.asarray(_bin_index(jnp.asarray(amax)))
+  hist = hist.astype(np.float32) - (np.arange(NUM_BINS) == top[..., None]) * (amax[..., None] > 0)
   scale = jnp.asarray(np.maximum(clips, 1e-30) / spec.max)[..., None]  # [..., C, 1]
-  x = jnp.asarray(centers)
+  x = jnp.concatenate([jnp.broadcast_to(jnp.asarray(centers, jnp.float32), amax.shape + (NUM_BINS,)),
+                       jnp.asarray(amax, jnp.float32)[..., None]], axis=-1)[..., None, :]
+  weights = jnp.concatenate([jnp.asarray(np.maximum(hist, 0)), jnp.ones(amax.shape + (1,))], axis=-1)
   q = jnp.clip(x / scale, -spec.max, spec.max).astype(FP8_DTYPES[spec.dtype]).astype(jnp.float32)
-  err = (q * scale - x) ** 2  # [..., C, NB]
-  total = jnp.einsum("...cn,...n->...c", err, jnp.asarray(hist, jnp.float32))
-  best = np.asarray(jnp.argmin(total, axis=-1))
-  return np.take_along_axis(clips, best[..., None], axis=-1)[..., 0]
+  err = (q * scale - x) ** 2  # [..., C, NB + 1]
+  total = jnp.einsum("...cn,...n->...c", err, weights)
+  best = np.asarray(jnp.argmin(total[..., ::-1], axis=-1))  # ties: the larger clip
+  return np.take_along_axis(clips[..., ::-1], best[..., None], axis=-1)[..., 0]
 
 
 def compute_scales(stats: CalibStats, fmt: KVFormat, *, method: Method = "absmax",

@@ -1,0 +1,196 @@
+"""The cache pytree: append == prefill, ragged batches, capacity, jit, stacking, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kvjax import attention, formats
+from kvjax.cache import KVCache, append, init_cache, materialize, prefill, stack
+
+ALL = tuple(formats.PRESETS)
+B, K, S, H = 3, 2, 256, 64
+SMALL_KIVI = {"kivi2_r64": formats.kivi(2, 32, 64), "kivi4_g64_r64": formats.kivi(4, 64, 64)}
+
+
+def fmt_of(name):
+  return SMALL_KIVI[name] if name in SMALL_KIVI else formats.preset(name)
+
+
+def rand_kv(seed, t=S):
+  k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+  k = jax.random.normal(k1, (B, K, t, H)) * jnp.linspace(0.5, 20, H)
+  return k, jax.random.normal(k2, (B, K, t, H))
+
+
+def trees_equal(a, b):
+  la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+
+
+def make(name):
+  fmt = fmt_of(name)
+  h = 128 if name == "kivi2_g128" else H
+  return init_cache(fmt, B, K, S, h), h
+
+
+@pytest.mark.parametrize("name", ("bf16", "fp8_e4m3", "int4", "kivi2", "kivi2_g128", "kivi2_r64",
+                                  "kivi4_g64_r64"))
+def test_append_one_by_one_equals_prefill(name):
+  """Across group, residual and flush boundaries, with ragged lengths."""
+  cache, h = make(name)
+  k, v = rand_kv(1, 200)
+  k, v = k[..., :h] if h <= H else jnp.tile(k, (1, 1, 1, 2)), v[..., :h] if h <= H else jnp.tile(v, (1, 1, 1, 2))
+  lengths = jnp.array([200, 129, 64])
+  full = prefill(cache, k, v, lengths)
+  step = jax.jit(append)
+  inc = cache
+  for t in range(200):
+    inc = step(inc, k[:, :, t:t + 1], v[:, :, t:t + 1], (t < lengths).astype(jnp.int32))
+  assert trees_equal(full, inc)
+  q = jax.random.normal(jax.random.PRNGKey(2), (B, 4 * K, 1, h))
+  np.testing.assert_array_equal(np.asarray(attention.decode_attention(q, full)),
+                                np.asarray(attention.decode_attention(q, inc)))
+
+
+@pytest.mark.parametrize("name", ("fp8_e4m3", "kivi2_r64"))
+def test_chunked_prefill_equals_prefill(name):
+  cache, _ = make(name)
+  k, v = rand_kv(3, 192)
+  full = prefill(cache, k, v)
+  chunked = cache
+  for a, b in ((0, 50), (50, 64), (64, 191), (191, 192)):
+    chunked = append(chunked, k[:, :, a:b], v[:, :, a:b])
+  assert trees_equal(full, chunked)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_edge_lengths_zero_one_full(name):
+  cache, h = make(name)
+  k, v = rand_kv(4)
+  k, v = (k, v) if h == H else (jnp.tile(k, (1, 1, 1, 2)), jnp.tile(v, (1, 1, 1, 2)))
+  c = prefill(cache, k, v, jnp.array([0, 1, S]))
+  np.testing.assert_array_equal(np.asarray(c.lengths), [0, 1, S])
+  kh, vh = materialize(c)
+  for b, n in enumerate([0, 1, S]):
+    err = np.abs(np.asarray(kh[b, :, :n] - k[b, :, :n])).max(initial=0) / np.abs(np.asarray(k)).max()
+    assert err < 0.5, (name, n, err)
+  q = jax.random.normal(jax.random.PRNGKey(5), (B, 2 * K, 2, h))
+  out = np.asarray(attention.decode_attention(q, c))
+  assert np.isfinite(out).all()
+  np.testing.assert_array_equal(out[0], 0.0)  # empty sequence: zeros, not NaN
+  np.testing.assert_array_equal(out[1, :, 0], 0.0)  # a query before the first token sees nothing
+
+
+def test_ragged_sequences_are_independent():
+  """A sequence's cache does not depend on what the other sequences hold."""
+  cache, _ = make("kivi2_r64")
+  k, v = rand_kv(6)
+  a = prefill(cache, k, v, jnp.array([100, 7, 256]))
+  k2 = k.at[1:].set(0.0)
+  b = prefill(cache, k2, v, jnp.array([100, 0, 0]))
+  ka, _ = materialize(a)
+  kb, _ = materialize(b)
+  np.testing.assert_array_equal(np.asarray(ka[0, :, :100]), np.asarray(kb[0, :, :100]))
+
+
+def test_capacity_eager_error_and_jit_drop():
+  cache, _ = make("kivi2_r64")
+  k, v = rand_kv(7)
+  full = prefill(cache, k, v, jnp.array([S, S - 1, 10]))
+  with pytest.raises(ValueError, match="past capacity"):
+    append(full, k[:, :, :2], v[:, :, :2])
+  # Under jit lengths saturate and stored tokens are untouched.
+  after = jax.jit(append)(full, k[:, :, :2] + 100.0, v[:, :, :2] + 100.0)
+  np.testing.assert_array_equal(np.asarray(after.lengths), [S, S, 12])
+  k0, v0 = materialize(full)
+  k1, v1 = materialize(after)
+  np.testing.assert_array_equal(np.asarray(k1[0]), np.asarray(k0[0]))
+  # (filling sequence 1 flushed keys 192..255 and slid value 191 out of the window)
+  np.testing.assert_array_equal(np.asarray(k1[1, :, :192]), np.asarray(k0[1, :, :192]))
+  np.testing.assert_array_equal(np.asarray(v1[1, :, : S - 65]), np.asarray(v0[1, :, : S - 65]))
+  assert float(jnp.abs(v1[1, :, S - 1] - v[1, :, 0] - 100).max()) < 1.0  # the one that fit
+
+
+def test_checked_append_raises_under_checkify():
+  from jax.experimental import checkify
+  cache, _ = make("fp8_e4m3")
+  k, v = rand_kv(8, 4)
+  full = prefill(cache, jnp.zeros((B, K, S, H)), jnp.zeros((B, K, S, H)))
+  f = checkify.checkify(jax.jit(lambda c, a, b: append(c, a, b, checked=True)))
+  err, _ = f(full, k, v)
+  with pytest.raises(Exception, match="past capacity"):
+    err.throw()
+
+
+def test_decode_steps_do_not_recompile():
+  cache, _ = make("kivi2_r64")
+  traces = []
+
+  @jax.jit
+  def step(c, k, v, q):
+    traces.append(1)
+    c = append(c, k, v)
+    return c, attention.decode_attention(q, c)
+
+  k, v = rand_kv(9, 140)
+  q = jnp.ones((B, 2 * K, 1, H))
+  for t in range(140):  # crosses flushes at 64 and 128
+    cache, _ = step(cache, k[:, :, t:t + 1], v[:, :, t:t + 1], q)
+  assert len(traces) == 1
+  assert step._cache_size() == 1
+
+
+def test_stacked_cache_scan_equals_per_layer():
+  fmt = formats.kivi(2, 32, 64)
+  layers = 3
+  ks = jax.random.normal(jax.random.PRNGKey(10), (layers, B, K, 70, H))
+  vs = jax.random.normal(jax.random.PRNGKey(11), (layers, B, K, 70, H))
+  stacked = init_cache(fmt, B, K, S, H, num_layers=layers)
+  assert stacked.num_layers == layers
+  stacked = append(stacked, ks, vs, jnp.array([70, 3, 66]))
+  q = jnp.ones((B, 2 * K, 1, H))
+
+  def body(carry, c):
+    return carry, attention.decode_attention(q, c)
+
+  _, outs = jax.lax.scan(body, None, stacked)
+  for i in range(layers):
+    single = append(init_cache(fmt, B, K, S, H), ks[i], vs[i], jnp.array([70, 3, 66]))
+    assert trees_equal(stacked.layer(i), single)
+    np.testing.assert_allclose(np.asarray(outs[i]), np.asarray(attention.decode_attention(q, single)),
+                               rtol=1e-6, atol=1e-6)
+  assert trees_equal(stack([stacked.layer(i) for i in range(layers)]), stacked)
+
+
+def test_cache_is_a_pytree_for_jit_vmap_donation():
+  cache, _ = make("int8")
+  leaves, treedef = jax.tree_util.tree_flatten(cache)
+  assert isinstance(jax.tree_util.tree_unflatten(treedef, leaves), KVCache)
+  k, v = rand_kv(12, 1)
+  donated = jax.jit(append, donate_argnums=0)(cache, k, v)
+  assert int(donated.lengths[0]) == 1
+
+
+def test_bad_inputs_name_the_argument():
+  cache, _ = make("kivi2_r64")
+  with pytest.raises(ValueError, match=r"k must have rank 4 \(\[B, K, T, H\]\)"):
+    append(cache, jnp.zeros((B, K, H)), jnp.zeros((B, K, H)))
+  with pytest.raises(ValueError, match=r"k must have shape \[B=3, K=2, T, H=64\]"):
+    append(cache, jnp.zeros((B, 3, 1, H)), jnp.zeros((B, 3, 1, H)))
+  with pytest.raises(TypeError, match="floating point"):
+    append(cache, jnp.zeros((B, K, 1, H), jnp.int32), jnp.zeros((B, K, 1, H), jnp.int32))
+  with pytest.raises(ValueError, match="num_new must have shape"):
+    append(cache, jnp.zeros((B, K, 1, H)), jnp.zeros((B, K, 1, H)), jnp.array([1, 1]))
+  with pytest.raises(ValueError, match=r"capacity \(100\) must be a multiple of the residual length R \(64\)"):
+    init_cache(fmt_of("kivi2_r64"), 1, 1, 100, 64)
+  with pytest.raises(ValueError, match=r"group_size \(128\) must divide head_dim \(64\)"):
+    init_cache(formats.preset("kivi2_g128"), 1, 1, 256, 64)
+  with pytest.raises(ValueError, match="batch must be a positive int"):
+    init_cache(formats.bf16(), 0, 1, 256, 64)
+  with pytest.raises(ValueError, match=r"static scale for granularity 'channel' must have shape \(1, 2, 1, 64\)"):
+    init_cache(formats.preset("fp8_e4m3_static"), 1, 2, 256, 64, scales=(jnp.ones((2, 64)), None))
+  with pytest.raises(ValueError, match="q must have rank 4"):
+    attention.decode_attention(jnp.zeros((B, 4, H)), cache)
+  with pytest.raises(ValueError, match=r"query heads \(3\) must be divisible by KV heads \(2\)"):
+    attention.decode_attention(jnp.zeros((B, 3, 1, H)), cache)
