@@ -1,0 +1,1 @@
+"""Quality harness pieces: the code corpus, its tokenizer and the retrieval tasks."""
