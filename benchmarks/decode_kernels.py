@@ -1,0 +1,486 @@
+"""Decode-attention speed: kvjax fused Pallas kernels vs peers, on one GPU.
+
+    python3 benchmarks/decode_kernels.py --out benchmarks/results/decode_h200.json
+
+Llama-3-8B head shape (32 query heads, 8 KV heads, head_dim 128), one query
+token. Timing is on the device: `steps` decode steps run inside one jitted
+`fori_loop` (warm-up call first, median of `--reps` calls); each step's query
+depends on the previous output, and several cache copies (together > 3x the
+60 MB L2) are visited in turn. Paths through plain XLA also append the new
+token to their cache every step, so XLA cannot hoist a per-call layout change
+or dequantization out of the loop (DESIGN.md section 6); kvjax is timed both
+as the kernel alone ("kvjax") and as the full step with the in-place append
+("kvjax_step"), and the append alone ("kvjax_append").
+Also: `--check` runs the test-base cases and a large ragged case on the GPU
+against the XLA reference for every format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kvjax import attention, cache as cache_lib, formats
+import pallas_kernels.gpu  # noqa: F401  (registers pallas_gpu)
+from pallas_kernels.gpu import ops
+
+N_HEADS, K_HEADS, HEAD_DIM = 32, 8, 128
+L2_BYTES = 60e6
+KV_FORMATS = ("bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "kivi4", "kivi2", "kivi2_g128")
+BF16_PEERS = ("cudnn", "xla_dpa", "jax_pallas_mqa", "xla_einsum", "torch_sdpa")
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def random_cache(fmt_name, b, s, length, key):
+  """A full-capacity cache with random (never zero) contents and lengths `length`."""
+  fmt = formats.preset(fmt_name)
+  c = cache_lib.init_cache(fmt, b, K_HEADS, s, HEAD_DIM)
+  leaves, tree = jax.tree_util.tree_flatten(c)
+  keys = jax.random.split(key, len(leaves))
+  out = []
+  for lf, kk in zip(leaves, keys):
+    if lf.dtype == jnp.int32 and lf.shape == (b,):
+      out.append(jnp.full((b,), length, jnp.int32))
+    elif lf.dtype == jnp.uint8:
+      out.append(jax.random.bits(kk, lf.shape, jnp.uint8))
+    elif lf.dtype == jnp.int8:
+      out.append(jax.random.randint(kk, lf.shape, -127, 128, jnp.int32).astype(jnp.int8))
+    elif jnp.issubdtype(lf.dtype, jnp.floating) and lf.dtype.itemsize == 1:
+      out.append((jax.random.normal(kk, lf.shape, jnp.float32) * 8).astype(lf.dtype))
+    else:
+      out.append(jax.random.uniform(kk, lf.shape, jnp.float32, 0.5, 1.5).astype(lf.dtype))
+  return jax.tree_util.tree_unflatten(tree, out)
+
+
+def cache_bytes_read(c, length):
+  """Bytes a fused kernel reads: codes + scales (+ zero) for `length` tokens, + residual windows."""
+  s = c.capacity
+  total = 0
+  for q in (c.k, c.v):
+    for a in (q.codes, q.scale, q.zero):
+      if a is None:
+        continue
+      if a.ndim == 4 and a.shape[2] > 1:  # per-token / per-group along tokens: scales with length
+        total += a.nbytes * length / s
+      else:
+        total += a.nbytes
+  for a in (c.k_res, c.v_res):
+    if a is not None:
+      total += a.nbytes
+  return total
+
+
+def n_sets(nbytes):
+  return int(min(MAX_SETS, max(1, math.ceil(3 * L2_BYTES / max(nbytes, 1)))))
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def time_loop(step, carry, steps, reps):
+  """Median microseconds per step of `step` run `steps` times inside one jit."""
+  @functools.partial(jax.jit, donate_argnums=0)
+  def run(c):
+    return jax.lax.fori_loop(0, steps, lambda i, x: step(x), c)
+  out = run(jax.tree_util.tree_map(jnp.copy, carry))  # the caller keeps its carry
+  jax.block_until_ready(out)
+  ts = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    out = run(out)
+    jax.block_until_ready(out)
+    ts.append((time.perf_counter() - t0) / steps * 1e6)
+  return statistics.median(ts)
+
+
+def chain(q, out):
+  """Next query from this step's output, so no step can be skipped or hoisted."""
+  return (q.astype(jnp.float32) + 1e-3 * out.astype(jnp.float32)).astype(q.dtype)
+
+
+def new_token(out, b):
+  """A fresh [B, K, 1, H] key/value derived from the output (the step's data dependence)."""
+  return out.reshape(b, K_HEADS, N_HEADS // K_HEADS, 1, HEAD_DIM)[:, :, 0].astype(jnp.float32)
+
+
+def steps_for(us_guess):
+  return int(max(STEPS_MIN, min(400, 30000 / max(us_guess, 1))))
+
+
+MAX_SETS = int(os.environ.get("KVJAX_BENCH_MAX_SETS", 16))
+STEPS_MIN = int(os.environ.get("KVJAX_BENCH_STEPS_MIN", 20))
+
+
+# ----------------------------------------------------------------------------- impls
+
+
+def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
+  """Times the fused kernel, and (do_step) the full step with append and the append alone."""
+  length = ctx - 256  # room for the appends of the timed loops
+  c0 = random_cache(fmt_name, b, ctx, length, key)
+  nb = cache_bytes_read(c0, length)
+  ns = n_sets(c0.nbytes)
+  caches = tuple([c0] + [random_cache(fmt_name, b, ctx, length, jax.random.fold_in(key, i))
+                         for i in range(1, ns)])
+  q = jax.random.normal(jax.random.fold_in(key, 99), (b, N_HEADS, 1, HEAD_DIM), jnp.bfloat16)
+  steps = max(1, steps_for(nb / 3.5e6) // ns)
+  rows = []
+
+  def attend(x):
+    q, cs = x
+    for c in cs:
+      q = chain(q, ops.decode_attention(q, c, **(opts or {})))
+    return q, cs
+  us = time_loop(attend, (q, caches), steps, reps) / ns
+  rows.append(("kvjax", us, nb))
+  if do_step:
+    def full(x):
+      q, cs = x
+      new = []
+      for c in cs:
+        o = ops.decode_attention(q, c)
+        t = new_token(o, b)
+        c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
+        new.append(cache_lib.append(c, t, t))
+        q = chain(q, o)
+      return q, tuple(new)
+    rows.append(("kvjax_step", time_loop(full, (q, caches), steps, reps) / ns, nb))
+
+    def app(x):
+      q, cs = x
+      new = []
+      for c in cs:
+        t = new_token(q, b)
+        c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
+        new.append(cache_lib.append(c, t, t))
+      return q, tuple(new)
+    rows.append(("kvjax_append", time_loop(app, (q, caches), steps, reps) / ns, 0))
+  return rows
+
+
+def xla_dequant_row(fmt_name, b, ctx, reps, key):
+  """kvjax's XLA reference (dequantize, then attend), cache appended every step."""
+  length = ctx - 256
+  c0 = random_cache(fmt_name, b, ctx, length, key)
+  nb = cache_bytes_read(c0, length)
+  ns = n_sets(c0.nbytes)
+  caches = tuple([c0] + [random_cache(fmt_name, b, ctx, length, jax.random.fold_in(key, i))
+                         for i in range(1, ns)])
+  q = jax.random.normal(jax.random.fold_in(key, 99), (b, N_HEADS, 1, HEAD_DIM), jnp.bfloat16)
+
+  def full(x):
+    q, cs = x
+    new = []
+    for c in cs:
+      o = attention.decode_attention(q, c)
+      t = new_token(o, b)
+      c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
+      new.append(cache_lib.append(c, t, t))
+      q = chain(q, o)
+    return q, tuple(new)
+  steps = max(1, steps_for(nb / 1.5e6) // ns)
+  return time_loop(full, (q, caches), steps, reps) / ns, nb
+
+
+def bf16_peer_row(impl, b, ctx, reps, key):
+  """bf16 peers. Token-major [B, S, K, H] for jax.nn.dot_product_attention, head-major otherwise."""
+  length = ctx - 256
+  per = b * ctx * K_HEADS * HEAD_DIM * 2
+  nb = 2 * per * length / ctx
+  ns = n_sets(2 * per)
+  head_major = impl in ("jax_pallas_mqa", "xla_einsum")
+  shape = (b, K_HEADS, ctx, HEAD_DIM) if head_major else (b, ctx, K_HEADS, HEAD_DIM)
+  kvs = tuple((jax.random.normal(jax.random.fold_in(key, 2 * i), shape, jnp.bfloat16),
+               jax.random.normal(jax.random.fold_in(key, 2 * i + 1), shape, jnp.bfloat16))
+              for i in range(ns))
+  lens = jnp.full((b,), length, jnp.int32)
+  q = jax.random.normal(jax.random.fold_in(key, 99), (b, N_HEADS, 1, HEAD_DIM), jnp.bfloat16)
+  rep = N_HEADS // K_HEADS
+
+  if impl in ("cudnn", "xla_dpa"):
+    def attn(q, k, v):
+      o = jax.nn.dot_product_attention(q.transpose(0, 2, 1, 3), k, v, key_value_seq_lengths=lens,
+                                       implementation="cudnn" if impl == "cudnn" else "xla")
+      return o.transpose(0, 2, 1, 3)
+  elif impl == "jax_pallas_mqa":
+    import warnings
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      from jax.experimental.pallas.ops.gpu import decode_attention as jdec
+
+    def attn(q, k, v):
+      o = jdec.mqa(q.reshape(b * K_HEADS, rep, HEAD_DIM), k.reshape(b * K_HEADS, ctx, HEAD_DIM),
+                   v.reshape(b * K_HEADS, ctx, HEAD_DIM),
+                   kv_seq_len=jnp.repeat(lens, K_HEADS), k_splits=16)
+      return o.reshape(b, N_HEADS, 1, HEAD_DIM)
+  else:  # xla_einsum, head-major
+    def attn(q, k, v):
+      qg = q.reshape(b, K_HEADS, rep, HEAD_DIM)
+      s = jnp.einsum("bkrh,bksh->bkrs", qg, k, preferred_element_type=jnp.float32) * HEAD_DIM ** -0.5
+      s = jnp.where(jnp.arange(ctx)[None, None, None] < lens[:, None, None, None], s, -1e30)
+      p = jax.nn.softmax(s, axis=-1)
+      o = jnp.einsum("bkrs,bksh->bkrh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+      return o.reshape(b, N_HEADS, 1, HEAD_DIM).astype(q.dtype)
+
+  # Custom calls (cudnn, Pallas) cannot be hoisted; plain XLA paths append every step.
+  append = impl in ("xla_dpa", "xla_einsum")
+
+  def step(x):
+    q, kv, i = x
+    new = []
+    for k, v in kv:
+      o = attn(q, k, v)
+      if append:
+        t = new_token(o, b).astype(jnp.bfloat16)
+        pos = length + i % 200
+        if head_major:
+          k = jax.lax.dynamic_update_slice(k, t, (0, 0, pos, 0))
+          v = jax.lax.dynamic_update_slice(v, t, (0, 0, pos, 0))
+        else:
+          t = t.transpose(0, 2, 1, 3)
+          k = jax.lax.dynamic_update_slice(k, t, (0, pos, 0, 0))
+          v = jax.lax.dynamic_update_slice(v, t, (0, pos, 0, 0))
+      new.append((k, v))
+      q = chain(q, o)
+    return q, tuple(new), i + 1
+  steps = max(1, steps_for(nb / 3e6) // ns)
+  return time_loop(step, (q, kvs, jnp.int32(0)), steps, reps) / ns, nb
+
+
+def stream_tbps(reps, gb=4.0):
+  """Read-only stream: a reduction over `gb` GB of bf16 that depends on the loop carry."""
+  n = int(gb * 1e9 / 2) // 1024 * 1024
+  x = jax.random.normal(jax.random.PRNGKey(7), (n // 1024, 1024), jnp.bfloat16)
+
+  def step(c):
+    s, x = c
+    return s + jnp.sum((x * s.astype(x.dtype)).astype(jnp.float32)) * 1e-9, x
+  us = time_loop(step, (jnp.float32(1.0), x), 20, reps)
+  return n * 2 / us / 1e6
+
+
+TORCH_SNIPPET = r"""
+import json, sys, torch, torch.nn.functional as F
+b, ctx, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+K, N, H = 8, 32, 128
+length = ctx - 256
+per = b * ctx * K * H * 2
+ns = int(min(16, max(1, -(-3 * 60e6 // (2 * per)))))
+kv = [(torch.randn(b, K, length, H, device="cuda", dtype=torch.bfloat16),
+       torch.randn(b, K, length, H, device="cuda", dtype=torch.bfloat16)) for _ in range(ns)]
+q = torch.randn(b, N, 1, H, device="cuda", dtype=torch.bfloat16)
+def run(q, n):
+  for _ in range(n):
+    for k, v in kv:
+      q = q + 1e-3 * F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+  return q
+steps = int(max(2, min(100, 30000 / max(2 * per / 3e6, 1) / ns)))
+run(q, 2); torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+  out = run(q, steps)
+g.replay(); torch.cuda.synchronize()
+ts = []
+for _ in range(reps):
+  e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+  e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
+  ts.append(e0.elapsed_time(e1) * 1e3 / (steps * ns))
+ts.sort()
+print(json.dumps({"us": ts[len(ts) // 2], "bytes": 2 * per * length / ctx}))
+"""
+
+
+def torch_row(b, ctx, reps):
+  try:
+    r = subprocess.run([sys.executable, "-c", TORCH_SNIPPET, str(b), str(ctx), str(reps)],
+                       capture_output=True, text=True, timeout=300)
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    return d["us"], d["bytes"]
+  except Exception as e:  # torch absent or failed: no row
+    print("torch_sdpa failed:", repr(e)[:200], file=sys.stderr)
+    return None
+
+
+# ----------------------------------------------------------------------------- correctness
+
+
+def check_all(log):
+  from pallas_kernels import test_base as tb
+  worst = {}
+  for f in tb.ALL_FORMATS:
+    cases = [(L, t, 4, 2) for L in tb.LENGTHS.values() for t in (1, 3)] + [([5, 200], 1, 8, 1)]
+    for L, t, rep, kh in cases:
+      q, c = tb.make_case(f, L, num_queries=t, rep=rep, num_kv_heads=kh, seed=len(L) + t)
+      ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+      out = np.asarray(ops.decode_attention(q, c), np.float32)
+      assert np.isfinite(out).all(), f
+      for bi, l in enumerate(L):
+        e = (float(np.abs(out[bi]).max()) if l == 0 else
+             tb.relative_error(out[bi][:, max(0, t - l):], ref[bi][:, max(0, t - l):]))
+        worst[f] = max(worst.get(f, 0.0), e)
+    # a larger ragged case with the benchmark's head shape
+    L = [0, 1, 127, 128, 129, 1000, 2047, 2048]
+    q, c = tb.make_case(f, L, num_kv_heads=K_HEADS, rep=N_HEADS // K_HEADS, capacity=2048, seed=3)
+    ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+    out = np.asarray(ops.decode_attention(q, c), np.float32)
+    for bi, l in enumerate(L):
+      e = float(np.abs(out[bi]).max()) if l == 0 else tb.relative_error(out[bi], ref[bi])
+      worst[f] = max(worst[f], e)
+    log(f"check {f:18s} worst rel err {worst[f]:.2e} {'OK' if worst[f] < 1e-2 else 'FAIL'}")
+  return worst
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--out", default="benchmarks/results/decode_h200.json")
+  ap.add_argument("--batches", default="1,8,64")
+  ap.add_argument("--contexts", default="1024,4096,32768,131072")
+  ap.add_argument("--formats", default=",".join(KV_FORMATS))
+  ap.add_argument("--peers", default=",".join(BF16_PEERS + ("xla_dequant",)))
+  ap.add_argument("--reps", type=int, default=5)
+  ap.add_argument("--check", action="store_true")
+  ap.add_argument("--stream-gb", type=float, default=4.0)
+  ap.add_argument("--max-bf16-gb", type=float, default=20.0, help="skip configs whose bf16 cache is larger")
+  ap.add_argument("--sweep", default="", help="formats to sweep tiling options for (B=8, 32k)")
+  ap.add_argument("--merge", nargs="*", help="merge these result files into --out and plot; no timing")
+  args = ap.parse_args()
+  rows, t_start = [], time.time()
+  if args.merge is not None:
+    return merge_and_plot(args.merge, args.out)
+
+  def log(msg):
+    print(f"[{time.time() - t_start:6.0f}s] {msg}", flush=True)
+
+  meta = {"device": str(jax.devices()[0]), "jax": jax.__version__}
+  if args.check:
+    meta["check_worst_rel_err"] = check_all(log)
+  tb = stream_tbps(args.reps, args.stream_gb)
+  meta["stream_tbps"] = tb
+  log(f"stream {tb:.2f} TB/s")
+
+  def add(impl, fmt, b, ctx, us, nb):
+    rows.append(dict(impl=impl, format=fmt, batch=b, context=ctx, us=round(us, 2),
+                     bytes_read=int(nb), tbps=round(nb / us / 1e6, 3) if nb else None,
+                     frac_roofline=round(nb / us / 1e6 / tb, 3) if nb else None))
+    log(f"{impl:16s} {fmt:12s} B={b:<3d} ctx={ctx:<7d} {us:9.1f} us" +
+        (f" {nb / us / 1e6:5.2f} TB/s" if nb else ""))
+
+  key = jax.random.PRNGKey(0)
+  for f in filter(None, args.sweep.split(",")):
+    kivi = f.startswith("kivi")
+    grid = ([dict(num_warps=w, num_stages=st, num_splits=sp) for w in (4, 8) for st in (2, 3)
+             for sp in (None, 32)] if kivi else
+            [dict(block=bl, num_stages=st, num_splits=sp) for bl in (128, 256) for st in (2, 3, 4)
+             for sp in (None, 32)])
+    for o in grid:
+      try:
+        (_, us, nb), = kvjax_rows(f, 8, 32768, args.reps, key, False, o)
+      except Exception as e:  # e.g. shared memory exceeded
+        log(f"sweep {f} {o} failed: {repr(e)[:120]}")
+        continue
+      add("sweep:" + ",".join(f"{k}={v}" for k, v in o.items()), f, 8, 32768, us, nb)
+  for b in map(int, filter(None, args.batches.split(","))):
+    for ctx in map(int, args.contexts.split(",")):
+      if b * ctx * K_HEADS * HEAD_DIM * 4 / 1e9 > args.max_bf16_gb:
+        log(f"skip B={b} ctx={ctx}: bf16 cache over {args.max_bf16_gb} GB")
+        continue
+      for f in args.formats.split(","):
+        for impl, us, nb in kvjax_rows(f, b, ctx, args.reps, key, do_step=(b == 8)):
+          add(impl, f, b, ctx, us, nb)
+      for p in args.peers.split(","):
+        if p == "torch_sdpa":
+          r = torch_row(b, ctx, args.reps)
+          if r:
+            add(p, "bf16", b, ctx, *r)
+        elif p == "xla_dequant":
+          for f in ("fp8_e4m3", "kivi2"):
+            add("xla_dequant", f, b, ctx, *xla_dequant_row(f, b, ctx, args.reps, key))
+        else:
+          add(p, "bf16", b, ctx, *bf16_peer_row(p, b, ctx, args.reps, key))
+      os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+      with open(args.out, "w") as fh:
+        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+  summary(rows, tb, log)
+  plot(rows, os.path.splitext(args.out)[0] + ".png")
+
+
+def merge_and_plot(paths, out):
+  """Merges runs (later files win per impl/format/batch/context) and plots."""
+  rows, metas = {}, []
+  for pth in paths:
+    d = json.load(open(pth))
+    metas.append(d["meta"])
+    for r in d["rows"]:
+      rows[(r["impl"], r["format"], r["batch"], r["context"])] = r
+  rows = sorted(rows.values(), key=lambda r: (r["batch"], r["context"], r["impl"], r["format"]))
+  with open(out, "w") as fh:
+    json.dump({"meta": metas, "rows": rows}, fh, indent=1)
+  summary(rows, metas[-1]["stream_tbps"], print)
+  plot(rows, os.path.splitext(out)[0] + ".png")
+
+
+def plot(rows, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  batches = sorted({r["batch"] for r in rows})
+  fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 5), squeeze=False)
+  for ax, b in zip(axes[0], batches):
+    series = {}
+    for r in rows:
+      if r["batch"] == b and r["impl"] in BF16_PEERS + ("kvjax", "xla_dequant"):
+        name = r["impl"] if r["impl"] in BF16_PEERS else f"{r['impl']}:{r['format']}"
+        series.setdefault(name, []).append((r["context"], r["us"]))
+    for name, pts in sorted(series.items()):
+      pts.sort()
+      style = "-o" if name.startswith("kvjax:") else "--x"
+      ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=name, ms=4)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("us per decode step (one layer)")
+    ax.set_title(f"H200, B={b}, 32q/8kv heads, d=128")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=6, loc="upper left")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def summary(rows, tb, log):
+  """Speed-ups vs the best bf16 peer of the same (batch, context)."""
+  by = {}
+  for r in rows:
+    by.setdefault((r["batch"], r["context"]), []).append(r)
+  log(f"{'B':>3} {'ctx':>7} {'best bf16 peer':>22} " + " ".join(f"{f[:10]:>10}" for f in KV_FORMATS))
+  for (b, ctx), rs in sorted(by.items()):
+    peers = [r for r in rs if r["impl"] in BF16_PEERS]
+    if not peers:
+      continue
+    best = min(peers, key=lambda r: r["us"])
+    cells = []
+    for f in KV_FORMATS:
+      k = [r for r in rs if r["impl"] == "kvjax" and r["format"] == f]
+      cells.append(f"{best['us'] / k[0]['us']:5.2f}x/{k[0]['frac_roofline'] or 0:.2f}" if k else "-")
+    log(f"{b:3d} {ctx:7d} {best['impl'][:12]:>12} {best['us']:8.1f}us " + " ".join(f"{c:>10}" for c in cells))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,161 @@
+"""kvjax cache -> Pallas GPU decode kernels: format checks, tiling choice, pre/post scaling.
+
+`decode_attention(q, cache, **options)` is the "pallas_gpu" implementation
+registered with `kvjax.dispatch`. It raises `NotImplementedError` for
+configurations the kernels do not tile, so dispatch falls back to XLA.
+`backend_call` is the single seam a Mosaic GPU backend would replace.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from kvjax.cache import KVCache
+from kvjax.formats import FP8Spec, IntSpec, KIVISpec, Passthrough
+from pallas_kernels.gpu import decode
+
+__all__ = ["decode_attention", "plan_for", "default_splits"]
+
+NUM_SMS = 132  # H200; only steers the split heuristic
+MAX_ROWS = 64
+# Sweep on the H200 (B=8, 32k, benchmarks/NOTES_gpu.md): quantized formats gain from more
+# splits (32 at B=8: fp8 253 -> 212 us, kivi2 808 -> 675 us) and 3 pipeline stages.
+QUANT_TARGET = 16 * NUM_SMS
+QUANT_STAGES = 3
+
+
+def _pow2_at_least(x, lo):
+  return max(lo, 1 << max(0, math.ceil(math.log2(max(x, 1)))))
+
+
+def default_splits(batch, kv_heads, num_blocks, target=4 * NUM_SMS):
+  """Enough (b, k, split) programs to fill the GPU a few times over."""
+  return int(max(1, min(num_blocks, -(-target // (batch * kv_heads)))))
+
+
+def _kind(spec, role):
+  if isinstance(spec, Passthrough):
+    if spec.dtype != "bfloat16":
+      raise NotImplementedError(f"pallas_gpu: {role} passthrough dtype {spec.dtype} (only bfloat16)")
+    return "bf16"
+  if isinstance(spec, FP8Spec):
+    return "f8"
+  if isinstance(spec, IntSpec):
+    return "i8" if spec.bits == 8 else "i4"
+  raise NotImplementedError(f"pallas_gpu: {role} spec {type(spec).__name__}")
+
+
+def _value_c(spec):
+  if isinstance(spec, FP8Spec):
+    return float(spec.max)
+  if isinstance(spec, IntSpec):
+    return float(spec.qmax)
+  return 1.0
+
+
+def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, block=None,
+             softcap=None):
+  """The static kernel plan for `cache`, or NotImplementedError."""
+  fmt = cache.fmt
+  b, kh, s, h = cache.batch, cache.num_kv_heads, cache.capacity, cache.head_dim
+  if h % 32 or h > 256 or h & (h - 1):
+    raise NotImplementedError(f"pallas_gpu: head_dim {h} (needs a power of two in [32, 256])")
+  if fmt.is_kivi:
+    ks, vs = fmt.key, fmt.value
+    r = fmt.residual
+    if fmt.residual_dtype != "bfloat16":
+      raise NotImplementedError("pallas_gpu: KIVI residual_dtype must be bfloat16")
+    if num_queries > r:
+      raise NotImplementedError(f"pallas_gpu: {num_queries} query tokens > residual {r}")
+    plan = decode.KiviPlan(key_bits=ks.bits, key_group=ks.group_size, value_bits=vs.bits,
+                           value_group=vs.group_size, residual=r, num_queries=num_queries,
+                           rows=rows, num_splits=1, softcap=softcap)
+    ku, vu = plan.key_unit, plan.value_unit(h)
+    if ku < 16 or ku & (ku - 1) or vu < 16 or vu & (vu - 1) or r > 256:
+      raise NotImplementedError(
+          f"pallas_gpu: KIVI tiles of {ku} tokens x {vu} channels (need powers of two >= 16, "
+          f"R <= 256); group sizes {ks.group_size}/{vs.group_size}, R {r}")
+    if cache.k.block != r or (cache.v.block not in (0, h)):
+      raise NotImplementedError("pallas_gpu: unexpected KIVI packing blocks")
+    ns = num_splits or default_splits(b, kh, s // r, QUANT_TARGET)
+    return plan.__class__(**{**plan.__dict__, "num_splits": ns})
+  kk, vk = _kind(fmt.key, "key"), _kind(fmt.value, "value")
+  for spec, role in ((fmt.key, "key"), (fmt.value, "value")):
+    if isinstance(spec, IntSpec) and spec.bits == 4 and cache.__getattribute__(role[0]).block != h:
+      raise NotImplementedError("pallas_gpu: int4 must be packed in blocks of head_dim")
+  if block is None:
+    block = next((c for c in (128, 64, 32, 16) if s % c == 0), None)
+    if block is None:
+      raise NotImplementedError(f"pallas_gpu: capacity {s} not a multiple of 16")
+  ns = num_splits or default_splits(
+      b, kh, s // block, 4 * NUM_SMS if kk == vk == "bf16" else QUANT_TARGET)
+  return decode.FlatPlan(
+      key_kind=kk, value_kind=vk,
+      key_scaled=isinstance(fmt.key, (FP8Spec, IntSpec)) and not getattr(fmt.key, "static", False),
+      value_scaled=isinstance(fmt.value, (FP8Spec, IntSpec)) and not getattr(fmt.value, "static", False),
+      value_c=_value_c(fmt.value), num_queries=num_queries, rows=rows, block=block,
+      num_splits=ns, softcap=softcap)
+
+
+def _per_token(scale, b, kh, s):
+  return scale.reshape(b, kh, s)  # [B, K, S, 1] -> [B, K, S]: a bitcast, no copy
+
+
+def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_stages=2):
+  """Runs the kernel for `plan`; returns per-split (o, m, l). The Mosaic-replaceable seam."""
+  b, kh, s = cache.batch, cache.num_kv_heads, cache.capacity
+  if isinstance(plan, decode.KiviPlan):
+    return decode.kivi_decode(
+        q, cache.lengths, cache.k.codes, cache.k.scale, cache.k.zero, cache.v.codes,
+        cache.v.scale, cache.v.zero, cache.k_res, cache.v_res, plan=plan,
+        num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+  ksc = _per_token(cache.k.scale, b, kh, s) if plan.key_scaled else None
+  vsc = _per_token(cache.v.scale, b, kh, s) if plan.value_scaled else None
+  return decode.flat_decode(q, cache.lengths, cache.k.codes, cache.v.codes, ksc, vsc, plan=plan,
+                            num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+
+
+def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
+                     interpret=None, num_splits=None, block=None, num_warps=None,
+                     num_stages=None):
+  """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
+  `kvjax.attention.decode_attention`)."""
+  if window is not None:
+    raise NotImplementedError("pallas_gpu: sliding window")
+  if cache.num_layers is not None:
+    raise NotImplementedError("pallas_gpu: stacked cache; pass one layer")
+  if interpret is None:
+    interpret = jax.default_backend() != "gpu"  # off a GPU: emulate (slow, for tests)
+  bq, n, t, h = q.shape
+  kh = cache.num_kv_heads
+  if q.ndim != 4 or bq != cache.batch or h != cache.head_dim or n % kh:
+    raise ValueError(f"q must be [B={cache.batch}, N (multiple of {kh}), T, H={cache.head_dim}], "
+                     f"got {q.shape}")
+  rep = n // kh
+  rows = rep * t
+  if rows > MAX_ROWS:
+    raise NotImplementedError(f"pallas_gpu: {rows} query rows per KV head > {MAX_ROWS}")
+  m_rows = _pow2_at_least(rows, 16)
+  plan = plan_for(cache, t, rows, num_splits=num_splits, block=block, softcap=logit_softcap)
+  fmt = cache.fmt
+  sm = h ** -0.5 if sm_scale is None else sm_scale
+  qs = q.astype(jnp.float32).reshape(bq, kh, rows, h) * (sm if logit_softcap else sm * decode.LOG2E)
+  if isinstance(fmt.key, FP8Spec) and fmt.key.static:
+    qs = qs * jnp.asarray(cache.k.scale, jnp.float32)  # [1|B, K|1, 1, H|1] broadcasts
+  qs = jnp.pad(qs, ((0, 0), (0, 0), (0, m_rows - rows), (0, 0)))
+  kw = {}
+  if num_warps is not None:
+    kw["num_warps"] = num_warps
+  if num_stages is not None:
+    kw["num_stages"] = num_stages
+  elif not isinstance(fmt.key, Passthrough):
+    kw["num_stages"] = QUANT_STAGES
+  o, m, l = backend_call(qs, cache, plan, interpret=interpret, **kw)
+  out = decode.combine(o, m, l, rows)  # [B, K, rows, H]
+  if isinstance(fmt.value, FP8Spec) and fmt.value.static:
+    out = out * jnp.asarray(cache.v.scale, jnp.float32)
+  return out.reshape(bq, n, t, h).astype(q.dtype)
+

@@ -1,0 +1,78 @@
+"""Pallas GPU decode kernels vs the XLA reference, in interpret mode on CPU (the GPU run uses
+`benchmarks/decode_kernels.py --check`); the in-place write path; dispatch fallback."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kvjax import attention, cache as cache_lib, dispatch, formats
+from pallas_kernels import test_base
+from pallas_kernels.gpu import ops, write
+
+INTERPRET = jax.default_backend() != "gpu"
+
+
+class TestPallasGPUDecode(test_base.DecodeAttentionTestBase):
+
+  def attention(self, q, cache, **options):
+    return ops.decode_attention(q, cache, interpret=INTERPRET, **options)
+
+
+def test_softcap_and_sm_scale():
+  q, c = test_base.make_case("kivi2", [5, 300])
+  for opts in ({"logit_softcap": 5.0}, {"sm_scale": 0.05}):
+    ref = attention.decode_attention(q.astype(jnp.float32), c, **opts)
+    out = ops.decode_attention(q, c, interpret=INTERPRET, **opts)
+    assert test_base.relative_error(out, ref) < 1e-2, opts
+  q, c = test_base.make_case("int8", [5, 300])
+  ref = attention.decode_attention(q.astype(jnp.float32), c, logit_softcap=5.0)
+  out = ops.decode_attention(q, c, interpret=INTERPRET, logit_softcap=5.0)
+  assert test_base.relative_error(out, ref) < 1e-2
+
+
+def test_splits_do_not_change_result():
+  q, c = test_base.make_case("fp8_e4m3", [1, 200, 384])
+  a = ops.decode_attention(q, c, interpret=INTERPRET, num_splits=1)
+  b = ops.decode_attention(q, c, interpret=INTERPRET, num_splits=3, block=64)
+  assert test_base.relative_error(a, b) < 1e-2
+
+
+@pytest.mark.parametrize("fmt_name", ["fp8_e4m3", "int4", "kivi2"])
+def test_append_inplace_matches_append(fmt_name):
+  _, c = test_base.make_case(fmt_name, [0, 127, 200])
+  k = jax.random.normal(jax.random.PRNGKey(1), (3, 2, 2, 128))
+  want = cache_lib.append(c, k, -k)
+  got = write.append_inplace(jax.tree_util.tree_map(jnp.copy, c), k, -k)
+  for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_decode_step_equals_append_then_reference():
+  q, c = test_base.make_case("kivi2", [126, 127, 300])
+  k = jax.random.normal(jax.random.PRNGKey(2), (3, 2, 1, 128))
+  ref = attention.decode_attention(q.astype(jnp.float32), cache_lib.append(c, k, k))
+  out, c2 = write.decode_step(q, k, k, jax.tree_util.tree_map(jnp.copy, c), implementation="xla")
+  np.testing.assert_array_equal(np.asarray(c2.lengths), [127, 128, 301])
+  assert test_base.relative_error(out, ref) < 1e-2
+
+
+def test_unsupported_falls_back_to_xla():
+  # KIVI with G=16: key tiles of 16 tokens fit, value tiles of 16 channels fit; G=8 does not.
+  fmt = formats.kivi(2, 8, 128, name="kivi2_g8")
+  c = cache_lib.init_cache(fmt, 2, 2, 256, 128)
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 2, 200, 128))
+  c = cache_lib.append(c, x, x)
+  q = jax.random.normal(jax.random.PRNGKey(1), (2, 8, 1, 128), jnp.bfloat16)
+  with pytest.raises(NotImplementedError):
+    ops.decode_attention(q, c, interpret=True)
+  with pytest.warns(UserWarning, match="declined"):
+    out = dispatch.decode_attention(q, c, implementation=("pallas_gpu", "xla"), warn_on_fallback=True)
+  ref = attention.decode_attention(q, c)
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+  with pytest.raises(NotImplementedError):  # sliding window
+    ops.decode_attention(q, c, interpret=True, window=16)
+
+
+def test_registered():
+  assert "pallas_gpu" in dispatch.implementations()
