@@ -149,8 +149,9 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
   key_block = r if isinstance(fmt.key, KIVISpec) else head_dim
   k = _empty_qarray(fmt.key, batch, num_kv_heads, capacity, head_dim, ks, block=key_block)
   v = _empty_qarray(fmt.value, batch, num_kv_heads, capacity, head_dim, vs, block=head_dim)
-  res = jnp.zeros((batch, num_kv_heads, r, head_dim), fmt.residual_dtype) if r else None
-  return KVCache(k=k, v=v, k_res=res, v_res=res, lengths=jnp.zeros((batch,), jnp.int32), fmt=fmt)
+  # Separate buffers for k_res and v_res (one shared array could not be donated twice).
+  res = lambda: jnp.zeros((batch, num_kv_heads, r, head_dim), fmt.residual_dtype) if r else None
+  return KVCache(k=k, v=v, k_res=res(), v_res=res(), lengths=jnp.zeros((batch,), jnp.int32), fmt=fmt)
 
 
 def stack(caches: Sequence[KVCache]) -> KVCache:
