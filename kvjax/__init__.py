@@ -1,6 +1,7 @@
 """kvjax: quantized KV caches for JAX decode (FP8, INT8/4, KIVI 2/4-bit).
 
-Data path: formats -> quant -> cache -> attention (reference) / dispatch (kernels).
+Data path: formats -> quant -> cache -> attention (reference) / dispatch (kernels) ->
+module (NNX attention) -> models (decoders, generate, loaders).
 """
 
 from kvjax import formats as formats
@@ -19,5 +20,10 @@ from kvjax.calibration import (CalibStats as CalibStats, KVScales as KVScales,
                                save_scales as save_scales, load_scales as load_scales)
 from kvjax.memory import (ModelShape as ModelShape, bytes_per_sequence as bytes_per_sequence,
                           bytes_per_token as bytes_per_token, sequences_that_fit as sequences_that_fit)
+from kvjax.rope import apply_rope as apply_rope
+from kvjax.module import KVAttention as KVAttention
+from kvjax import adapters as adapters
+from kvjax import sharding as sharding
+from kvjax import models as models
 
 __version__ = "0.1.0"

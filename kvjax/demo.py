@@ -5,7 +5,11 @@ and writes as JSON, per format: bytes per token, compression vs bf16, how many
 32k-token sequences of a Llama-3-8B-shaped model fit in 16 GiB, K/V
 reconstruction error and attention-output error vs the bf16 cache.
 
-  python -m kvjax.demo [--out benchmarks/results/memory_accuracy.json]
+Then generates with the embedded default model (or ``--checkpoint DIR``, a HF
+checkpoint) in every format and prints cache memory, time per generated token
+and agreement with the bf16 cache's tokens (`kvjax.demo_generate`).
+
+  python -m kvjax.demo [--out benchmarks/results/memory_accuracy.json] [--checkpoint DIR]
 """
 
 from __future__ import annotations
@@ -103,11 +107,28 @@ def main(argv=None) -> None:
   p.add_argument("--budget-gib", type=float, default=16.0)
   p.add_argument("--fit-context", type=int, default=32768)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--checkpoint", default=None,
+                 help="HF checkpoint dir (config.json + *.safetensors) for the generation table")
+  p.add_argument("--gen-formats", default=",".join(DEMO_FORMATS),
+                 help="comma-separated formats to generate with (bf16 first); empty: skip")
+  p.add_argument("--max-new-tokens", type=int, default=56)
   args = p.parse_args(argv)
   t0 = time.perf_counter()
   rows = evaluate(context=args.context, seed=args.seed, budget_gib=args.budget_gib,
                   fit_context=args.fit_context)
   print(format_table(rows, args.budget_gib, args.fit_context))
+  gen_rows = []
+  gen_formats = [f for f in args.gen_formats.split(",") if f]
+  if gen_formats:
+    from kvjax import demo_generate  # the model stack loads only when generating
+    if gen_formats[0] != "bf16":
+      gen_formats.insert(0, "bf16")
+    gen_rows = demo_generate.run(gen_formats, checkpoint=args.checkpoint, seed=args.seed,
+                                 max_new_tokens=args.max_new_tokens)
+    model = args.checkpoint or "embedded default model (random init, seed %d)" % args.seed
+    print(f"\nGreedy generation, {model}: 4 ragged prompts of 120-200 tokens, "
+          f"{args.max_new_tokens} new tokens")
+    print(demo_generate.format_table(gen_rows, args.max_new_tokens))
   if args.out:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     meta = {"command": "python -m kvjax.demo", "context": args.context, "seed": args.seed,
@@ -115,7 +136,8 @@ def main(argv=None) -> None:
             "budget_gib": args.budget_gib, "fit_context": args.fit_context,
             "jax": jax.__version__, "backend": jax.default_backend()}
     with open(args.out, "w") as f:
-      json.dump({"meta": meta, "rows": rows}, f, indent=1)
+      json.dump({"meta": meta, "rows": rows,
+                 "generate": {"checkpoint": args.checkpoint, "rows": gen_rows}}, f, indent=1)
     print(f"wrote {args.out} ({time.perf_counter() - t0:.1f} s)")
 
 

@@ -62,7 +62,7 @@ def test_passkey_example_answer_positions():
   value = text.split(f"{name} = ")[1].split("\n")[0]
   assert text.endswith(f"assert {name} == {value}\n")
   pos = np.nonzero(ex.target)[0]
-  assert bytes(ex.ids[pos + 1].tolist()).decode() == value
+  assert bytes(ex.ids[pos + 1].tolist()).decode() == " " + value
   assert text.index(f"{name} = ") < 0.2 * 1024
   with pytest.raises(ValueError, match="the context needs"):
     tasks.passkey_example("x", encode, 1024, rng)

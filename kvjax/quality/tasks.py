@@ -69,8 +69,10 @@ def passkey_example(filler: str, encode: Callable[[str], Sequence[int]], context
   name = _name(rng)
   value = str(rng.integers(10000, 100000))
   head = encode(f"{name} = {value}\n")
-  question = encode(f"\nassert {name} == ")
-  answer = encode(value)
+  # Split where a byte-level BPE splits words (before the space), so the
+  # tokens equal those of the whole line "assert NAME == VALUE".
+  question = encode(f"\nassert {name} ==")
+  answer = encode(f" {value}")
   tail = encode("\n")
   fill = list(encode(filler))
   need = context - len(head) - len(question) - len(answer) - len(tail)

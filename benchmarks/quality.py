@@ -1,0 +1,168 @@
+"""What each cache format costs in quality, on the project's reference code LM (issue 6).
+
+  python benchmarks/quality.py                       # full sweep (GPU): contexts 1k..16k
+  python benchmarks/quality.py --contexts 512 --samples 2 --formats bf16,kivi2   # CPU smoke run
+
+For every format and context, on held-out code the model never saw:
+  * ppl: perplexity of the last --tail tokens of a held-out window, each
+    predicted by a real decode step from the quantized cache holding the rest;
+  * recall: a random 32-token span early in the context repeated at the end;
+    accuracy on repeat tokens 2..32;
+  * passkey: ``KEY_XXXXXX = 48213`` defined in the first 20% of the context and
+    asked for at the end (``assert KEY_XXXXXX == ``); fraction answered exactly.
+FP8 e4m3 static scales are calibrated on other held-out windows (cost
+recorded) and compared with unit (uncalibrated) scales. Writes
+benchmarks/results/quality.json (rows: format, task, context, value,
+bf16_value) and plots (quality vs context; quality vs bytes per token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kvjax import formats, memory  # noqa: E402
+from kvjax.quality import evaluate, reference_lm, tasks  # noqa: E402
+
+FORMATS = ("bf16", "fp8_e4m3_calibrated", "fp8_e4m3_uncalibrated", "fp8_e5m2", "int8", "int4",
+           "kivi4", "kivi2", "kivi2_g128")
+
+
+def fmt_of(name: str) -> formats.KVFormat:
+  if name.startswith("fp8_e4m3_") and name != "fp8_e4m3_static":
+    return formats.fp8("e4m3", "channel", "head", name=name)
+  if name == "kivi2":
+    return formats.kivi(2, 32, 128, name="kivi2")
+  return formats.preset(name)
+
+
+def make_samples(held, tok, context, n, tail, rng):
+  """{task: (tokens [n, context], scored mask [n, tail])}: every task decodes the last `tail`
+  tokens after prefilling the rest, so all tasks share one compiled program per format."""
+  out = {}
+  starts = rng.integers(0, len(held) - context - 1, n)
+  out["ppl"] = (np.stack([held[s:s + context] for s in starts]), np.ones((n, tail), bool))
+  vocab = np.arange(2, tok.get_vocab_size())
+  rec = [tasks.recall_example(held, context, 32, vocab, rng) for _ in range(n)]
+  pk = []
+  for _ in range(n):
+    s = int(rng.integers(0, len(held) - 3 * context))
+    filler = tok.decode(held[s:s + 3 * context].tolist())
+    pk.append(tasks.passkey_example(filler, lambda t: tok.encode(t).ids, context, rng))
+  split = context - tail
+  for task, exs in (("recall", rec), ("passkey", pk)):
+    assert all(np.nonzero(e.target)[0][0] >= split for e in exs), "tail too short for the task"
+    out[task] = (np.stack([e.ids for e in exs]), np.stack([e.target[split - 1:-1] for e in exs]))
+  return out
+
+
+def metric(task, nll, hit, mask):
+  if task == "ppl":
+    return float(np.exp(nll[mask].mean()))
+  if task == "recall":
+    return float(hit[mask].mean())
+  return float(np.mean([h[m].all() for h, m in zip(hit, mask)]))  # passkey: exact answers
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--contexts", default="1024,2048,4096,8192,16384")
+  p.add_argument("--formats", default=",".join(FORMATS))
+  p.add_argument("--samples", type=int, default=16)
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--tail", type=int, default=128)
+  p.add_argument("--chunk", type=int, default=2048)
+  p.add_argument("--implementation", default=None, help="decode backend, e.g. xla or pallas_gpu")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--out", default="benchmarks/results/quality.json")
+  args = p.parse_args(argv)
+  model, tok = reference_lm.load()
+  held = np.load(os.path.join(reference_lm.CHECKPOINT_DIR, "heldout_tokens.npy")).astype(np.int32)
+  names = args.formats.split(",")
+  contexts = [int(c) for c in args.contexts.split(",")]
+  rows, calib_info, t0 = [], {}, time.perf_counter()
+  rng = np.random.default_rng(args.seed)
+  cal_rng = np.random.default_rng(args.seed + 1000)
+  cal_ctx = min(4096, max(contexts))
+  cal_tokens = np.stack([held[s:s + cal_ctx] for s in cal_rng.integers(0, len(held) - cal_ctx, 4)])
+  scales = {}
+  for name in names:
+    if name == "fp8_e4m3_calibrated":
+      scales[name], calib_info = evaluate.calibrate_model(model, cal_tokens, fmt_of(name), margin=2.0)
+  try:
+    from tqdm import tqdm
+  except ImportError:
+    tqdm = lambda x, **k: x
+  for context in contexts:
+    samples = make_samples(held, tok, context, args.samples, args.tail, rng)
+    split = context - args.tail
+    for task, (toks, mask) in samples.items():
+      values = {}
+      for name in tqdm(names, desc=f"{task} @ {context}"):
+        nlls, hits = [], []
+        for i in range(0, len(toks), args.batch):
+          nll, hit = evaluate.score_tail(model, toks[i:i + args.batch], split, fmt_of(name),
+                                         scales=scales.get(name), chunk=args.chunk,
+                                         implementation=args.implementation)
+          nlls.append(nll)
+          hits.append(hit)
+        values[name] = metric(task, np.concatenate(nlls), np.concatenate(hits), mask)
+      for name in names:
+        rows.append({"format": name, "task": task, "context": context, "value": values[name],
+                     "bf16_value": values.get("bf16"),
+                     "bytes_per_token": memory.bytes_per_token(fmt_of(name), max(context, 4096),
+                                                               memory.ModelShape(num_layers=6,
+                                                                                 num_kv_heads=2,
+                                                                                 head_dim=128))})
+      print(json.dumps({"task": task, "context": context, **{k: round(v, 4) for k, v in values.items()}}),
+            flush=True)
+  result = {"command": "python benchmarks/quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "model": reference_lm.CHECKPOINT_DIR, "samples": args.samples, "tail": args.tail,
+            "calibration": calib_info, "device": str(jax.devices()[0]), "seconds": time.perf_counter() - t0,
+            "rows": rows}
+  os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  plot(rows, os.path.splitext(args.out)[0])
+  print(f"wrote {args.out}")
+
+
+def plot(rows, stem):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  tasks_ = sorted({r["task"] for r in rows})
+  fig, axes = plt.subplots(1, len(tasks_), figsize=(5 * len(tasks_), 4), squeeze=False)
+  for ax, task in zip(axes[0], tasks_):
+    for name in dict.fromkeys(r["format"] for r in rows):
+      pts = sorted((r["context"], r["value"]) for r in rows if r["task"] == task and r["format"] == name)
+      ax.plot(*zip(*pts), marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_title(task)
+    ax.set_xlabel("context (tokens)")
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(stem + "_vs_context.png", dpi=100)
+  biggest = max(r["context"] for r in rows)
+  fig, axes = plt.subplots(1, len(tasks_), figsize=(5 * len(tasks_), 4), squeeze=False)
+  for ax, task in zip(axes[0], tasks_):
+    for r in rows:
+      if r["task"] == task and r["context"] == biggest:
+        ax.scatter(r["bytes_per_token"] / 1024, r["value"])
+        ax.annotate(r["format"], (r["bytes_per_token"] / 1024, r["value"]), fontsize=7)
+    ax.set_xlabel("KV bytes per token (KiB, 6 layers)")
+    ax.set_title(f"{task} at {biggest} tokens")
+  fig.tight_layout()
+  fig.savefig(stem + "_frontier.png", dpi=100)
+
+
+if __name__ == "__main__":
+  main()
