@@ -125,7 +125,7 @@ def main(argv=None) -> None:
       gen_formats.insert(0, "bf16")
     gen_rows = demo_generate.run(gen_formats, checkpoint=args.checkpoint, seed=args.seed,
                                  max_new_tokens=args.max_new_tokens)
-    model = args.checkpoint or "embedded default model (random init, seed %d)" % args.seed
+    model = demo_generate.model_label(args.checkpoint, args.seed)
     print(f"\nGreedy generation, {model}: 4 ragged prompts of 120-200 tokens, "
           f"{args.max_new_tokens} new tokens")
     print(demo_generate.format_table(gen_rows, args.max_new_tokens))
@@ -137,7 +137,8 @@ def main(argv=None) -> None:
             "jax": jax.__version__, "backend": jax.default_backend()}
     with open(args.out, "w") as f:
       json.dump({"meta": meta, "rows": rows,
-                 "generate": {"checkpoint": args.checkpoint, "rows": gen_rows}}, f, indent=1)
+                 "generate": {"model": demo_generate.model_label(args.checkpoint, args.seed) if gen_rows
+                              else None, "rows": gen_rows}}, f, indent=1)
     print(f"wrote {args.out} ({time.perf_counter() - t0:.1f} s)")
 
 

@@ -1,7 +1,9 @@
 """Generation in every cache format with the embedded default model (part of the main job).
 
-The default model is `kvjax.models.default_config()` with seeded random
-weights (no weights can be downloaded here); ``--checkpoint DIR`` loads a HF
+The default model is the project's reference code LM (`kvjax.quality.reference_lm`,
+trained on real Python source, shipped in kvjax/assets) prompted with held-out
+code; without it, `kvjax.models.default_config()` with seeded random weights
+and random prompts. ``--checkpoint DIR`` loads a HF
 checkpoint directory (``config.json`` + ``*.safetensors``) or a kvjax
 checkpoint (`kvjax.models.checkpoint`, e.g. ``kvjax/assets/reference_lm``)
 instead. For each format: cache bytes, time
@@ -29,6 +31,9 @@ CALIB_MARGIN = 2.0
 
 
 def load_model(checkpoint: str | None = None, seed: int = 0) -> decoder.Decoder:
+  from kvjax.quality import reference_lm
+  if checkpoint is None and reference_lm.available():
+    checkpoint = reference_lm.CHECKPOINT_DIR
   if checkpoint:
     import json
     import os
@@ -39,6 +44,23 @@ def load_model(checkpoint: str | None = None, seed: int = 0) -> decoder.Decoder:
       return ckpt.load(checkpoint)
     return loaders.load_hf(checkpoint)  # Hugging Face Gemma / Llama directory
   return decoder.Decoder(config_lib.default_config(), rngs=nnx.Rngs(seed))
+
+
+def model_label(checkpoint: str | None, seed: int) -> str:
+  from kvjax.quality import reference_lm
+  if checkpoint is None and reference_lm.available():
+    return "the reference code LM (kvjax/assets/reference_lm), prompts from held-out code"
+  return checkpoint or f"embedded random-init model (seed {seed}), random prompts"
+
+
+def _prompts(checkpoint, vocab_size, batch, prompt_len, rng) -> np.ndarray:
+  """Held-out code windows for the reference LM; random tokens otherwise."""
+  from kvjax.quality import reference_lm
+  if checkpoint is None and reference_lm.available():
+    held = np.load(f"{reference_lm.CHECKPOINT_DIR}/heldout_tokens.npy").astype(np.int32)
+    starts = rng.integers(0, len(held) - prompt_len, batch)
+    return np.stack([held[s:s + prompt_len] for s in starts])
+  return rng.integers(0, vocab_size, (batch, prompt_len))
 
 
 def _static_scales(model, bf16_caches, fmt):
@@ -57,7 +79,7 @@ def run(format_names, *, checkpoint: str | None = None, batch: int = 4, prompt_l
   model = load_model(checkpoint, seed)
   cfg = model.cfg
   rng = np.random.default_rng(seed)
-  prompts = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, prompt_len)), jnp.int32)
+  prompts = jnp.asarray(_prompts(checkpoint, cfg.vocab_size, batch, prompt_len, rng), jnp.int32)
   plen = jnp.asarray(np.linspace(prompt_len, prompt_len * 0.6, batch).astype(np.int32))
   rows, ref, ref_caches = [], None, None
   for name in format_names:

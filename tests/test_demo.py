@@ -7,8 +7,10 @@ from kvjax import demo
 
 def test_demo_writes_table(tmp_path, capsys):
   out = tmp_path / "table.json"
-  demo.main(["--out", str(out), "--context", "256"])
-  rows = {r["format"]: r for r in json.loads(out.read_text())["rows"]}
+  demo.main(["--out", str(out), "--context", "256", "--gen-formats", "bf16,fp8_e4m3,kivi4",
+             "--max-new-tokens", "16"])
+  result = json.loads(out.read_text())
+  rows = {r["format"]: r for r in result["rows"]}
   assert set(rows) == set(demo.DEMO_FORMATS)
   assert rows["bf16"]["compression_vs_bf16"] == 1.0
   assert 0.50 <= rows["fp8_e4m3"]["compression_vs_bf16"] <= 0.51
@@ -20,3 +22,9 @@ def test_demo_writes_table(tmp_path, capsys):
   assert rows["kivi4"]["attn_rel_err_vs_bf16"] < rows["kivi2"]["attn_rel_err_vs_bf16"]
   assert rows["fp8_e4m3"]["key_rel_err"] < 0.05
   assert "| kivi2 |" in capsys.readouterr().out
+  gen = {r["format"]: r for r in result["generate"]["rows"]}
+  assert set(gen) == {"bf16", "fp8_e4m3", "kivi4"}
+  assert gen["bf16"]["token_agreement_vs_bf16"] == 1.0
+  assert gen["fp8_e4m3"]["cache_bytes"] < 0.55 * gen["bf16"]["cache_bytes"]
+  # the trained reference LM mostly agrees with itself through a 4-bit cache
+  assert gen["kivi4"]["token_agreement_vs_bf16"] > 0.5
