@@ -124,15 +124,20 @@ def main(argv=None):
                                                                                  head_dim=128))})
       print(json.dumps({"task": task, "context": context, **{k: round(v, 4) for k, v in values.items()}}),
             flush=True)
+      write(args, argv, calib_info, t0, rows)  # after every task: partial results survive a time-out
+  write(args, argv, calib_info, t0, rows)
+  plot(rows, os.path.splitext(args.out)[0])
+  print(f"wrote {args.out}")
+
+
+def write(args, argv, calib_info, t0, rows):
   result = {"command": "python benchmarks/quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "model": reference_lm.CHECKPOINT_DIR, "samples": args.samples, "tail": args.tail,
-            "calibration": calib_info, "device": str(jax.devices()[0]), "seconds": time.perf_counter() - t0,
-            "rows": rows}
+            "model": "kvjax/assets/reference_lm", "samples": args.samples, "tail": args.tail,
+            "calibration": calib_info, "device": str(jax.devices()[0]),
+            "seconds": time.perf_counter() - t0, "rows": rows}
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
-  plot(rows, os.path.splitext(args.out)[0])
-  print(f"wrote {args.out}")
 
 
 def plot(rows, stem):
