@@ -1,0 +1,451 @@
+"""End-to-end decode throughput at a fixed KV-cache memory budget (issue 7).
+
+    python3 benchmarks/throughput.py --out benchmarks/results/throughput_h200.json
+
+For each model shape (Llama-3-8B, Gemma-2-2B; random bf16 weights: speed does not depend on
+their values), KV format and context C:
+  * max_batch: the most sequences of capacity C whose caches fit the budget (default 40 GiB),
+    from the byte count of the real cache arrays of every layer (`jax.eval_shape` of
+    `Decoder.init_cache`, as `kvjax.memory` does; KIVI capacity rounded up to R). Weights are
+    not charged to the budget.
+  * tokens_per_s: decode tokens per second at max_batch through the jitted `generate` program
+    (one compiled prefill + `while_loop` decode, caches donated). The caches are first filled
+    with random (finite) codes, scales and residuals up to C - steps tokens, so every timed
+    step reads a nearly full cache and the last step ends at C. The prompt is one token, so
+    the program's "prefill" is itself a decode step. One compile, two run lengths through the
+    runtime `max_lengths` (the loop exits early): tokens/s = B * (n - n0) / (t(n) - t(n0)),
+    median over `--reps` pairs, after a warm-up call (compile time is recorded apart).
+  * step_ms: per-step latency at batch 1 (same method, context C), and from the same compiled
+    program prefill_tokens_per_s: a `--prefill` token chunk appended at batch 1 to a cache
+    already holding C - steps - prefill tokens (kvjax's XLA chunked-prefill attention;
+    reported separately, never part of tokens_per_s).
+  * peak_gib: `device.memory_stats()['peak_bytes_in_use']` of a fresh process per row (each
+    row runs in its own subprocess unless --in-process), weights included; null where the
+    backend has no memory stats (CPU). kv_gib and weights_gib are the computed parts beside it.
+
+Decode attention uses the platform default order (`kvjax.dispatch`: pallas_gpu then xla on a
+GPU) unless --implementation is given; rows record which implementation each layer gets
+(pallas_gpu declines sliding-window layers, so Gemma 2's local layers run the XLA path).
+Results are written after every row (a time-out keeps the finished ones); --merge joins runs.
+`--plan` prints the byte-count predictions without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kvjax import dispatch, formats, memory, quant
+from kvjax.models.config import DecoderConfig, gemma2_config, llama_config
+
+GIB = 1 << 30
+FORMATS = ("bf16", "fp8_e4m3", "int8", "kivi4", "kivi2")
+CONTEXTS = (4096, 32768)
+ROW_KEYS = ("model", "format", "context", "max_batch", "tokens_per_s", "step_ms", "peak_gib")
+HBM_TBPS = 4.3  # read-only stream measured on the H200 (DESIGN.md section 1), for --plan
+
+
+def llama3_8b(**kw) -> DecoderConfig:
+  """Llama-3-8B shapes (untied lm_head, 128k vocab; no llama3 RoPE scaling: speed is the same)."""
+  return llama_config(vocab_size=128_256, embed_dim=4096, hidden_dim=14_336, num_layers=32,
+                      num_heads=32, num_kv_heads=8, head_dim=128, tie_embeddings=False,
+                      dtype="bfloat16", param_dtype="bfloat16", **kw)
+
+
+def gemma2_2b(**kw) -> DecoderConfig:
+  return gemma2_config(dtype="bfloat16", param_dtype="bfloat16", **kw)
+
+
+def tiny(**kw) -> DecoderConfig:
+  """CPU smoke-test size (head_dim 32 so KIVI groups of 32 divide it)."""
+  return llama_config(vocab_size=64, embed_dim=32, hidden_dim=64, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=32, dtype="bfloat16", param_dtype="bfloat16", **kw)
+
+
+MODELS = {"llama3_8b": llama3_8b, "gemma2_2b": gemma2_2b, "tiny": tiny}
+
+
+# ----------------------------------------------------------------------------- bytes
+
+
+def capacity_for(fmt, context: int) -> int:
+  return memory.round_capacity(fmt, context)
+
+
+def abstract_model(cfg: DecoderConfig):
+  from flax import nnx
+  from kvjax.models.decoder import Decoder
+  return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+
+
+def cache_bytes_per_seq(cfg: DecoderConfig, fmt, context: int) -> int:
+  """Bytes of one sequence's caches over all layers (codes, scales, residuals, lengths)."""
+  model = abstract_model(cfg)
+  return quant.nbytes(jax.eval_shape(lambda: model.init_cache(1, capacity_for(fmt, context), fmt)))
+
+
+def weight_bytes(cfg: DecoderConfig) -> int:
+  from flax import nnx
+  return quant.nbytes(nnx.state(abstract_model(cfg)))
+
+
+def max_batch_for(cfg: DecoderConfig, fmt, context: int, budget_bytes: int) -> int:
+  return int(budget_bytes // cache_bytes_per_seq(cfg, fmt, context))
+
+
+def read_bytes_per_seq(cfg, fmt, context):
+  """Bytes a decode step reads per sequence (the whole cache: codes, scales, residual)."""
+  return cache_bytes_per_seq(cfg, fmt, context)
+
+
+def plan(models, fmts, contexts, budget_bytes, tbps=HBM_TBPS):
+  """Byte-count predictions: max batch and roofline tokens/s (weights + cache read once/step)."""
+  rows = []
+  for m in models:
+    cfg = MODELS[m]()
+    wb = weight_bytes(cfg)
+    for c in contexts:
+      base = None
+      for f in fmts:
+        fmt = formats.preset(f)
+        per = cache_bytes_per_seq(cfg, fmt, c)
+        b = int(budget_bytes // per)
+        step_s = (wb + b * per) / (tbps * 1e12)
+        tps = b / step_s if b else 0.0
+        base = base or (b, tps)
+        rows.append(dict(model=m, format=f, context=c, bytes_per_seq=per, max_batch=b,
+                         ideal_step_ms=step_s * 1e3, ideal_tokens_per_s=tps,
+                         batch_ratio=b / max(base[0], 1), ideal_tps_ratio=tps / max(base[1], 1e-9),
+                         weights_gib=wb / GIB))
+  return rows
+
+
+# ----------------------------------------------------------------------------- caches
+
+
+def _fill_leaf(key, shape, dtype):
+  """Random finite contents of one cache array (fused into one kernel by jit: no f32 temp)."""
+  dtype = jnp.dtype(dtype)
+  if dtype == jnp.uint8:
+    return jax.random.bits(key, shape, jnp.uint8)
+  if dtype == jnp.int8:
+    return jax.lax.bitcast_convert_type(jax.random.bits(key, shape, jnp.uint8), jnp.int8)
+  if jnp.issubdtype(dtype, jnp.floating):
+    lo, hi = (-4.0, 4.0) if dtype.itemsize == 1 else (0.5, 1.5)  # codes / scales, residuals
+    return jax.random.uniform(key, shape, jnp.float32, lo, hi).astype(dtype)
+  raise TypeError(f"no random fill for cache leaves of dtype {dtype}")
+
+
+_fill = jax.jit(_fill_leaf, static_argnums=(1, 2))
+
+
+def filled_caches(model, batch: int, capacity: int, fmt, length: int, seed: int = 0):
+  """Per-layer caches of `batch` sequences holding `length` tokens of random contents.
+
+  Built leaf by leaf from the abstract cache, so peak memory is the caches plus one leaf.
+  """
+  abstract = jax.eval_shape(lambda: model.init_cache(batch, capacity, fmt))
+  leaves, tree = jax.tree_util.tree_flatten(abstract)
+  key = jax.random.PRNGKey(seed)
+  out = []
+  for i, lf in enumerate(leaves):
+    if lf.dtype == jnp.int32 and lf.shape == (batch,):  # lengths
+      out.append(jnp.full((batch,), length, jnp.int32))
+    else:
+      out.append(_fill(jax.random.fold_in(key, i), tuple(lf.shape), str(lf.dtype)))
+  return jax.tree_util.tree_unflatten(tree, out)
+
+
+def with_lengths(caches, length: int):
+  return tuple(c.replace(lengths=jnp.full_like(c.lengths, length)) for c in caches)
+
+
+def layer_implementations(model, fmt, implementation) -> dict[str, int]:
+  """How many layers each decode implementation serves (the dispatcher's choice, traced)."""
+  cfg = model.cfg
+  order = (dispatch.default_order() if implementation is None else
+           (implementation,) if isinstance(implementation, str) else tuple(implementation))
+  q = jax.ShapeDtypeStruct((2, cfg.num_heads, 1, cfg.head_dim), jnp.dtype(cfg.dtype))
+  counts: dict[str, int] = {}
+  memo = {}
+  for i in range(cfg.num_layers):
+    w = cfg.window(i)
+    if w not in memo:
+      cache = jax.eval_shape(lambda: model.layers[i].attn.new_cache(2, capacity_for(fmt, 256), fmt=fmt))
+      memo[w] = "none"
+      for name in order:
+        try:
+          jax.eval_shape(lambda q, c: dispatch.decode_attention(
+              q, c, implementation=name, sm_scale=cfg.sm_scale, logit_softcap=cfg.attn_logit_softcap,
+              window=w), q, cache)
+          memo[w] = name
+          break
+        except (NotImplementedError, ValueError):
+          continue
+    counts[memo[w]] = counts.get(memo[w], 0) + 1
+  return counts
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def _peak_bytes():
+  try:
+    stats = jax.devices()[0].memory_stats()
+  except Exception:  # noqa: BLE001  (backends without stats)
+    return None, None
+  if not stats:
+    return None, None
+  return stats.get("peak_bytes_in_use"), stats.get("bytes_in_use")
+
+
+class _Runner:
+  """Calls `generate` on donated caches; resets cache lengths between calls (no copies)."""
+
+  def __init__(self, model, prompts, caches, length, max_new, implementation):
+    self.model, self.prompts, self.caches, self.length = model, prompts, caches, length
+    self.max_new, self.impl = max_new, implementation
+
+  def __call__(self, n: int) -> float:
+    from kvjax.models.generation import generate
+    b = self.prompts.shape[0]
+    caches = with_lengths(self.caches, self.length)
+    self.caches = None
+    jax.block_until_ready(caches)
+    t0 = time.perf_counter()
+    out = generate(self.model, self.prompts, max_new_tokens=self.max_new, caches=caches,
+                   max_lengths=jnp.full((b,), n, jnp.int32), implementation=self.impl)
+    jax.block_until_ready(out.tokens)
+    jax.block_until_ready(out.caches)
+    dt = time.perf_counter() - t0
+    self.caches = out.caches
+    return dt
+
+
+def _pairs(run, n0, n, reps):
+  """Median over reps of (t(n) - t(n0)) / (n - n0), and median t(n0)."""
+  d, base = [], []
+  for _ in range(reps):
+    a = run(n0)
+    z = run(n)
+    base.append(a)
+    d.append((z - a) / (n - n0))
+  return statistics.median(d), statistics.median(base)
+
+
+def run_row(model_name: str, fmt_name: str, context: int, budget_bytes: int, *, steps: int = 64,
+            warm_steps: int = 8, reps: int = 3, prefill: int = 512, target_s: float = 1.0,
+            implementation=None, seed: int = 0, skip_b1: bool = False, model=None,
+            log=print) -> dict:
+  """Measures one (model, format, context) row; see the module docstring."""
+  from flax import nnx
+  from kvjax.models.decoder import Decoder
+
+  cfg = MODELS[model_name]()
+  fmt = formats.preset(fmt_name)
+  cap = capacity_for(fmt, context)
+  per_seq = cache_bytes_per_seq(cfg, fmt, context)
+  b = int(budget_bytes // per_seq)
+  row = dict(model=model_name, format=fmt_name, context=context, max_batch=b, tokens_per_s=None,
+             step_ms=None, peak_gib=None, capacity=cap, budget_gib=budget_bytes / GIB,
+             kv_gib=b * per_seq / GIB, bytes_per_seq=per_seq, platform=jax.default_backend(),
+             device=str(jax.devices()[0].device_kind), implementation=implementation)
+  if b < 1:
+    row["error"] = "no sequence fits the budget"
+    return row
+  if context < steps + min(prefill, context // 4) + 1:
+    raise ValueError(f"context ({context}) must exceed steps + prefill ({steps} + {prefill})")
+  t0 = time.perf_counter()
+  if model is None:
+    model = Decoder(cfg, rngs=nnx.Rngs(seed))
+  jax.block_until_ready(nnx.state(model))
+  row["weights_gib"] = quant.nbytes(nnx.state(model)) / GIB
+  row["init_s"] = time.perf_counter() - t0
+  row["layer_impls"] = layer_implementations(model, fmt, implementation)
+  rng = np.random.default_rng(seed)
+
+  # batch 1: prefill a chunk onto a long cache, then decode (one compiled program)
+  if not skip_b1:
+    _batch1(row, model, cfg, fmt, cap, context, steps, prefill, reps, implementation, seed, rng, log)
+  return _max_batch(row, model, cfg, fmt, cap, context, b, steps, warm_steps, reps, target_s,
+                    implementation, seed, rng, log)
+
+
+def _batch1(row, model, cfg, fmt, cap, context, steps, prefill, reps, implementation, seed, rng, log):
+  p1 = min(prefill, context // 4)
+  len1 = context - steps - p1
+  caches = filled_caches(model, 1, cap, fmt, len1, seed)
+  prompts = jnp.asarray(rng.integers(1, cfg.vocab_size, (1, p1)), jnp.int32)
+  run1 = _Runner(model, prompts, caches, len1, steps, implementation)
+  t0 = time.perf_counter()
+  first = run1(1)
+  row["compile_b1_s"] = first - run1(1)
+  step1, pre = _pairs(run1, 1, steps, reps)
+  row.update(step_ms=step1 * 1e3, prefill_tokens=p1, prefill_ms=pre * 1e3,
+             prefill_tokens_per_s=p1 / pre, b1_s=time.perf_counter() - t0)
+  log(f"  b=1: step {step1 * 1e3:.2f} ms, prefill {p1} tok {pre * 1e3:.1f} ms")
+  del run1, caches
+
+
+def _max_batch(row, model, cfg, fmt, cap, context, b, steps, warm_steps, reps, target_s,
+               implementation, seed, rng, log):
+  # max batch: one-token prompt (a decode step), then the while_loop over full-length caches
+  length = context - steps
+  t0 = time.perf_counter()
+  caches = filled_caches(model, b, cap, fmt, length, seed + 1)
+  jax.block_until_ready(caches)
+  row["fill_s"] = time.perf_counter() - t0
+  prompts = jnp.asarray(rng.integers(1, cfg.vocab_size, (b, 1)), jnp.int32)
+  run = _Runner(model, prompts, caches, length, steps, implementation)
+  t0 = time.perf_counter()
+  first = run(warm_steps)
+  t_n0 = run(warm_steps)
+  row["compile_s"] = first - t_n0
+  est = max((run(2 * warm_steps) - t_n0) / warm_steps, 1e-6)  # per-step estimate
+  n = int(min(steps, max(2 * warm_steps, warm_steps + round(target_s / est))))
+  step, _ = _pairs(run, warm_steps, n, reps)
+  row.update(tokens_per_s=b / step, step_ms_at_max_batch=step * 1e3, timed_steps=n - warm_steps,
+             decode_s=time.perf_counter() - t0)
+  peak, in_use = _peak_bytes()
+  row["peak_gib"] = None if peak is None else peak / GIB
+  row["in_use_gib"] = None if in_use is None else in_use / GIB
+  if peak is not None:
+    row["overhead_gib"] = row["peak_gib"] - row["weights_gib"] - row["kv_gib"]
+  log(f"  b={b}: {row['tokens_per_s']:.0f} tok/s, step {step * 1e3:.2f} ms, "
+      f"peak {row['peak_gib'] if peak is None else round(row['peak_gib'], 2)} GiB")
+  return row
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def _child(args) -> int:
+  spec = json.loads(args.row)
+  row = run_row(**spec, log=lambda m: print(m, file=sys.stderr, flush=True))
+  with open(args.row_out, "w") as fh:
+    json.dump(row, fh)
+  return 0
+
+
+def _subprocess_row(spec: dict, timeout: float) -> dict:
+  env = dict(os.environ)
+  env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/kvjax_jax_cache")  # reruns skip compiles
+  with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "row.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--row", json.dumps(spec), "--row-out", path]
+    t0 = time.perf_counter()
+    try:
+      r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+      return {"error": f"timed out after {timeout:.0f} s"}
+    if r.returncode or not os.path.exists(path):
+      tail = (r.stderr or r.stdout)[-1500:]
+      print(tail, file=sys.stderr)
+      return {"error": f"exit {r.returncode}: {tail.strip().splitlines()[-1] if tail.strip() else ''}"}
+    row = json.load(open(path))
+    row["row_wall_s"] = time.perf_counter() - t0
+    sys.stderr.write(r.stderr[-600:])
+    return row
+
+
+from throughput_report import merge, plot, summary, write  # noqa: E402
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--out", default="benchmarks/results/throughput_h200.json")
+  ap.add_argument("--models", default="llama3_8b,gemma2_2b")
+  ap.add_argument("--formats", default=",".join(FORMATS))
+  ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+  ap.add_argument("--budget-gib", type=float, default=40.0, help="HBM budget for the KV caches")
+  ap.add_argument("--steps", type=int, default=64, help="static decode steps (the cache ends at C)")
+  ap.add_argument("--warm-steps", type=int, default=8, help="short run subtracted from the long one")
+  ap.add_argument("--reps", type=int, default=3)
+  ap.add_argument("--prefill", type=int, default=512, help="prefill chunk (tokens) timed at batch 1")
+  ap.add_argument("--target-s", type=float, default=1.0, help="aim for this long a timed run")
+  ap.add_argument("--implementation", default=None, help="e.g. xla or pallas_gpu,xla (default: platform order)")
+  ap.add_argument("--skip-b1", action="store_true", help="no batch-1 step latency / prefill")
+  ap.add_argument("--in-process", action="store_true", help="no subprocess per row (peak is cumulative)")
+  ap.add_argument("--row-timeout", type=float, default=300.0)
+  ap.add_argument("--plan", action="store_true", help="print byte-count predictions and exit")
+  ap.add_argument("--merge", nargs="*", help="merge result files into --out, plot, summarize")
+  ap.add_argument("--row", help=argparse.SUPPRESS)
+  ap.add_argument("--row-out", help=argparse.SUPPRESS)
+  args = ap.parse_args(argv)
+  if args.row:
+    return _child(args)
+  models = [m for m in args.models.split(",") if m]
+  fmts = [f for f in args.formats.split(",") if f]
+  contexts = [int(c) for c in args.contexts.split(",") if c]
+  budget = int(args.budget_gib * GIB)
+  if args.plan:
+    for r in plan(models, fmts, contexts, budget):
+      print(f"{r['model']:10s} {r['format']:9s} {r['context']:6d} bytes/seq {r['bytes_per_seq'] / 2**20:9.1f} MiB "
+            f"max_batch {r['max_batch']:4d} ({r['batch_ratio']:.2f}x)  roofline step {r['ideal_step_ms']:.2f} ms "
+            f"{r['ideal_tokens_per_s']:8.0f} tok/s ({r['ideal_tps_ratio']:.2f}x)  weights {r['weights_gib']:.1f} GiB")
+    return 0
+  if args.merge:
+    rows = merge(args.merge, args.out)
+  else:
+    impl = None if not args.implementation else (
+        args.implementation if "," not in args.implementation else tuple(args.implementation.split(",")))
+    meta = dict(argv=sys.argv[1:] if argv is None else list(argv), jax=jax.__version__,
+                backend=jax.default_backend(), device=str(jax.devices()[0].device_kind),
+                budget_gib=args.budget_gib, steps=args.steps, warm_steps=args.warm_steps, reps=args.reps,
+                prefill=args.prefill, default_order=list(dispatch.default_order()))
+    try:
+      from tqdm import tqdm
+    except ImportError:  # progress is optional
+      tqdm = None
+    specs = [dict(model_name=m, fmt_name=f, context=c, budget_bytes=budget, steps=args.steps,
+                  warm_steps=args.warm_steps, reps=args.reps, prefill=args.prefill,
+                  target_s=args.target_s, implementation=impl, skip_b1=args.skip_b1)
+             for m in models for c in contexts for f in fmts]
+    bar = tqdm(specs, desc="throughput", file=sys.stderr, dynamic_ncols=True) if tqdm else specs
+    rows = []
+    for spec in bar:
+      tag = f"{spec['model_name']} {spec['fmt_name']} {spec['context']}"
+      if tqdm:
+        bar.set_postfix_str(tag)
+      else:
+        print(tag, file=sys.stderr, flush=True)
+      t0 = time.perf_counter()
+      if args.in_process:
+        try:
+          row = run_row(**spec, log=lambda m: print(m, file=sys.stderr, flush=True))
+        except Exception as e:  # noqa: BLE001  (keep the sweep going; the row says why)
+          row = {"error": f"{type(e).__name__}: {e}"[:500]}
+      else:
+        row = _subprocess_row(spec, args.row_timeout)
+      base = dict(model=spec["model_name"], format=spec["fmt_name"], context=spec["context"],
+                  max_batch=None, tokens_per_s=None, step_ms=None, peak_gib=None)
+      if "max_batch" not in row or row.get("max_batch") is None:
+        try:
+          base["max_batch"] = max_batch_for(MODELS[spec["model_name"]](), formats.preset(spec["fmt_name"]),
+                                            spec["context"], budget)
+        except Exception:  # noqa: BLE001
+          pass
+      row = {**base, **row}
+      row.setdefault("row_wall_s", time.perf_counter() - t0)
+      rows.append(row)
+      write(rows, meta, args.out)
+  plot(rows, os.path.splitext(args.out)[0] + ".png")
+  print(summary(rows), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

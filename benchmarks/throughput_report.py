@@ -1,0 +1,80 @@
+"""Reporting for benchmarks/throughput.py: JSON writing, merging, ratios, summary table, plot."""
+
+from __future__ import annotations
+
+import json
+import os
+
+def write(rows, meta, out):
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out + ".tmp", "w") as fh:
+    json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+  os.replace(out + ".tmp", out)
+
+
+def merge(paths, out):
+  rows, metas = {}, []
+  for p in paths:
+    d = json.load(open(p))
+    metas.append(d.get("meta"))
+    for r in d["rows"]:
+      rows[(r["model"], r["format"], r["context"])] = r
+  rows = list(rows.values())
+  write(rows, metas, out)
+  return rows
+
+
+def ratios(rows):
+  """Per (model, context): tokens/s and max-batch ratios to bf16."""
+  base = {(r["model"], r["context"]): r for r in rows if r["format"] == "bf16"}
+  out = []
+  for r in rows:
+    b = base.get((r["model"], r["context"]))
+    tps = (r["tokens_per_s"] / b["tokens_per_s"]) if b and r.get("tokens_per_s") and b.get("tokens_per_s") else None
+    mb = (r["max_batch"] / b["max_batch"]) if b and b.get("max_batch") else None
+    out.append((r, tps, mb))
+  return out
+
+
+def summary(rows, targets=(("fp8_e4m3", 1.9), ("kivi2", 3.5))) -> str:
+  lines = ["| model | format | context | max_batch (x bf16) | tokens/s (x bf16) | step_ms b=1 | "
+           "prefill tok/s | peak GiB | compile s |", "|---|---|---|---|---|---|---|---|---|"]
+  f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"
+  for r, tps, mb in ratios(rows):
+    lines.append(f"| {r['model']} | {r['format']} | {r['context']} | {r['max_batch']} ({f(mb, 2)}x) | "
+                 f"{f(r.get('tokens_per_s'), 0)} ({f(tps, 2)}x) | {f(r.get('step_ms'), 2)} | "
+                 f"{f(r.get('prefill_tokens_per_s'), 0)} | {f(r.get('peak_gib'), 1)} | "
+                 f"{f((r.get('compile_s') or 0) + (r.get('compile_b1_s') or 0), 0)} |"
+                 + (f" {r['error']}" if r.get("error") else ""))
+  for r, tps, mb in ratios(rows):
+    for name, want in targets:
+      if r["model"] == "llama3_8b" and r["context"] == 32768 and r["format"] == name:
+        verdict = "-" if tps is None else ("MET" if tps >= want else "MISSED")
+        lines.append(f"target {name} >= {want}x bf16 tokens/s (llama3_8b, 32k): {f(tps, 2)}x "
+                     f"(max batch {f(mb, 2)}x) {verdict}")
+  return "\n".join(lines)
+
+
+def plot(rows, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  groups = sorted({(r["model"], r["context"]) for r in rows})
+  fmts = [f for f in dict.fromkeys(r["format"] for r in rows)]
+  fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(4.2 * max(len(groups), 1), 4), squeeze=False)
+  for ax, (m, c) in zip(axes[0], groups):
+    sel = {r["format"]: r for r in rows if r["model"] == m and r["context"] == c}
+    xs = [f for f in fmts if f in sel]
+    ys = [sel[f].get("tokens_per_s") or 0 for f in xs]
+    bars = ax.bar(range(len(xs)), ys, color="tab:blue")
+    for bar, f in zip(bars, xs):
+      ax.annotate(f"B={sel[f]['max_batch']}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                  ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(xs)), xs, rotation=30, fontsize=8)
+    ax.set_title(f"{m}, context {c // 1024}k", fontsize=9)
+    ax.set_ylabel("decode tokens/s at max batch")
+  budget = rows[0].get("budget_gib") if rows else None
+  fig.suptitle(f"Decode throughput at a fixed KV budget ({budget:g} GiB)" if budget else "Decode throughput")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

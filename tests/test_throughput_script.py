@@ -1,0 +1,65 @@
+"""CPU smoke test of benchmarks/throughput.py: its core runs on a tiny model so it cannot rot."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+
+import throughput  # noqa: E402
+
+from kvjax import formats, memory  # noqa: E402
+
+BUDGET_GIB = 1 / 1024  # 1 MiB: a handful of 256-token sequences of the tiny model
+
+
+def _shape(cfg):
+  return memory.ModelShape(num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
+                           head_dim=cfg.head_dim)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_e4m3", "kivi2"])
+def test_max_batch_matches_kvjax_memory(fmt):
+  for name, ctx in (("llama3_8b", 32768), ("tiny", 256)):
+    cfg = throughput.MODELS[name]()
+    budget = 40 * throughput.GIB
+    want = memory.sequences_that_fit(formats.preset(fmt), budget, ctx, _shape(cfg))
+    assert throughput.max_batch_for(cfg, formats.preset(fmt), ctx, budget) == want
+
+
+def test_plan_ratios_llama_32k():
+  rows = {r["format"]: r for r in throughput.plan(["llama3_8b"], ["bf16", "fp8_e4m3", "kivi2"],
+                                                 [32768], 40 * throughput.GIB)}
+  assert rows["bf16"]["max_batch"] == 9  # 4 GiB + the lengths arrays per sequence
+  assert rows["fp8_e4m3"]["max_batch"] == 19 and rows["kivi2"]["max_batch"] == 52
+  assert rows["kivi2"]["ideal_tps_ratio"] > 3.5
+
+
+def test_script_rows_json_and_plot(tmp_path, capsys):
+  out = tmp_path / "tp.json"
+  rc = throughput.main(["--models", "tiny", "--formats", "bf16,kivi2", "--contexts", "256",
+                        "--budget-gib", str(BUDGET_GIB), "--steps", "16", "--warm-steps", "4",
+                        "--reps", "1", "--prefill", "32", "--target-s", "0.01", "--in-process",
+                        "--out", str(out)])
+  assert rc == 0
+  data = json.loads(out.read_text())
+  rows = data["rows"]
+  assert [(r["model"], r["format"], r["context"]) for r in rows] == [("tiny", "bf16", 256),
+                                                                       ("tiny", "kivi2", 256)]
+  cfg = throughput.tiny()
+  for r in rows:
+    assert "error" not in r, r.get("error")
+    assert set(throughput.ROW_KEYS) <= set(r)
+    want = memory.sequences_that_fit(formats.preset(r["format"]), int(BUDGET_GIB * throughput.GIB),
+                                     r["context"], _shape(cfg))
+    assert r["max_batch"] == want >= 1
+    assert r["kv_gib"] <= BUDGET_GIB
+    assert r["tokens_per_s"] > 0 and r["step_ms"] > 0 and r["prefill_tokens_per_s"] > 0
+    assert r["peak_gib"] is None or r["peak_gib"] >= r["kv_gib"]  # CPU: no memory stats
+    assert sum(r["layer_impls"].values()) == cfg.num_layers
+  assert rows[1]["max_batch"] > rows[0]["max_batch"]  # kivi2 fits more sequences
+  assert (tmp_path / "tp.png").exists()
+  printed = capsys.readouterr().out
+  assert "| tiny | kivi2 | 256 |" in printed
