@@ -11,7 +11,10 @@ For every format and context, on held-out code the model never saw:
   * passkey: ``KEY_XXXXXX = 48213`` defined in the first 20% of the context and
     asked for at the end (``assert KEY_XXXXXX == ``); fraction answered exactly.
 FP8 e4m3 static scales are calibrated on other held-out windows (cost
-recorded) and compared with unit (uncalibrated) scales. Writes
+recorded) and compared with unit (uncalibrated) scales. Two options that
+protect retrieval under KIVI-2: kivi2_sink4 keeps the first 4 tokens in bf16;
+kivi2_mixed gives the 2 layers whose loss rises most under KIVI-2 (measured
+on calibration windows) KIVI-4. Writes
 benchmarks/results/quality.json (rows: format, task, context, value,
 bf16_value) and plots (quality vs context; quality vs bytes per token).
 """
@@ -30,10 +33,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kvjax import formats, memory  # noqa: E402
-from kvjax.quality import evaluate, reference_lm, tasks  # noqa: E402
+from kvjax.quality import evaluate, mixed, reference_lm, tasks  # noqa: E402
 
 FORMATS = ("bf16", "fp8_e4m3_calibrated", "fp8_e4m3_uncalibrated", "fp8_e5m2", "int8", "int4",
-           "kivi4", "kivi2", "kivi2_g128")
+           "kivi4", "kivi2", "kivi2_g128", "kivi2_sink4", "kivi2_mixed")
+MIXED_HIGH_LAYERS = 2  # kivi2_mixed: this many most sensitive layers get KIVI-4
 
 
 def fmt_of(name: str) -> formats.KVFormat:
@@ -41,7 +45,16 @@ def fmt_of(name: str) -> formats.KVFormat:
     return formats.fp8("e4m3", "channel", "head", name=name)
   if name == "kivi2":
     return formats.kivi(2, 32, 128, name="kivi2")
+  if name == "kivi2_sink4":  # the first 4 tokens (attention sinks) kept in bf16
+    return formats.kivi(2, 32, 128, name="kivi2_sink4", sink=4)
   return formats.preset(name)
+
+
+def bytes_per_token(fmt, context, num_layers=6):
+  """Average cache bytes per token over the layers (one format or one per layer)."""
+  fmts = fmt if isinstance(fmt, tuple) else (fmt,) * num_layers
+  one = memory.ModelShape(num_layers=1, num_kv_heads=2, head_dim=128)
+  return sum(memory.bytes_per_token(f, context, one) for f in fmts)
 
 
 def make_samples(held, tok, context, n, tail, rng):
@@ -93,10 +106,19 @@ def main(argv=None):
   cal_rng = np.random.default_rng(args.seed + 1000)
   cal_ctx = min(4096, max(contexts))
   cal_tokens = np.stack([held[s:s + cal_ctx] for s in cal_rng.integers(0, len(held) - cal_ctx, 4)])
-  scales = {}
+  scales, fmts = {}, {name: fmt_of(name) for name in names if name != "kivi2_mixed"}
   for name in names:
     if name == "fp8_e4m3_calibrated":
-      scales[name], calib_info = evaluate.calibrate_model(model, cal_tokens, fmt_of(name), margin=2.0)
+      scales[name], calib_info[name] = evaluate.calibrate_model(model, cal_tokens, fmt_of(name),
+                                                                margin=2.0)
+    if name == "kivi2_mixed":  # per-layer bits from calibration sensitivity
+      t1 = time.perf_counter()
+      sens = mixed.layer_sensitivity(model, cal_tokens[:2], cal_ctx - args.tail, fmt_of("kivi2"),
+                                     chunk=args.chunk)
+      fmts[name] = mixed.assign_formats(sens, fmt_of("kivi4"), fmt_of("kivi2"), MIXED_HIGH_LAYERS)
+      calib_info["kivi2_mixed"] = {"sensitivity_nll": sens.round(5).tolist(),
+                                   "layers_kivi4": [i for i, f in enumerate(fmts[name]) if f.key.bits == 4],
+                                   "seconds": time.perf_counter() - t1}
   try:
     from tqdm import tqdm
   except ImportError:
@@ -109,7 +131,7 @@ def main(argv=None):
       for name in tqdm(names, desc=f"{task} @ {context}"):
         nlls, hits = [], []
         for i in range(0, len(toks), args.batch):
-          nll, hit = evaluate.score_tail(model, toks[i:i + args.batch], split, fmt_of(name),
+          nll, hit = evaluate.score_tail(model, toks[i:i + args.batch], split, fmts[name],
                                          scales=scales.get(name), chunk=args.chunk,
                                          implementation=args.implementation)
           nlls.append(nll)
@@ -118,10 +140,7 @@ def main(argv=None):
       for name in names:
         rows.append({"format": name, "task": task, "context": context, "value": values[name],
                      "bf16_value": values.get("bf16"),
-                     "bytes_per_token": memory.bytes_per_token(fmt_of(name), max(context, 4096),
-                                                               memory.ModelShape(num_layers=6,
-                                                                                 num_kv_heads=2,
-                                                                                 head_dim=128))})
+                     "bytes_per_token": bytes_per_token(fmts[name], max(context, 4096))})
       print(json.dumps({"task": task, "context": context, **{k: round(v, 4) for k, v in values.items()}}),
             flush=True)
       write(args, argv, calib_info, t0, rows)  # after every task: partial results survive a time-out

@@ -9,6 +9,8 @@ Layout (one layer; a stacked cache adds a leading layer axis to every leaf):
   v_res      KIVI only, ``[B, K, R, H]``: ring of the last R values; token
              ``t`` in ``[L - R, L)`` sits in slot ``t % R``.
   lengths    ``[B]`` int32 tokens cached per sequence (ragged).
+  k_sink, v_sink  ``[B, K, sink, H]`` full-precision copies of the first
+             `fmt.sink` tokens (None when the format keeps no sink tokens).
 
 KIVI keys are quantized R tokens at a time (when the residual fills), in R/G
 groups per channel; key codes are packed planar along tokens in blocks of R.
@@ -52,6 +54,8 @@ class KVCache:
   v_res: Array | None
   lengths: Array
   fmt: KVFormat = struct.field(pytree_node=False)
+  k_sink: Array | None = None
+  v_sink: Array | None = None
 
   @property
   def batch(self) -> int:
@@ -151,7 +155,12 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
   v = _empty_qarray(fmt.value, batch, num_kv_heads, capacity, head_dim, vs, block=head_dim)
   # Separate buffers for k_res and v_res (one shared array could not be donated twice).
   res = lambda: jnp.zeros((batch, num_kv_heads, r, head_dim), fmt.residual_dtype) if r else None
-  return KVCache(k=k, v=v, k_res=res(), v_res=res(), lengths=jnp.zeros((batch,), jnp.int32), fmt=fmt)
+  sink = (lambda: jnp.zeros((batch, num_kv_heads, fmt.sink, head_dim), fmt.residual_dtype)
+          if fmt.sink else None)
+  if fmt.sink > capacity:
+    raise ValueError(f"sink ({fmt.sink}) must be <= capacity ({capacity})")
+  return KVCache(k=k, v=v, k_res=res(), v_res=res(), lengths=jnp.zeros((batch,), jnp.int32), fmt=fmt,
+                 k_sink=sink(), v_sink=sink())
 
 
 def stack(caches: Sequence[KVCache]) -> KVCache:
@@ -280,7 +289,11 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
   else:
     new_k = quant.quantize(k, fmt.key, scale=cache.k.scale, block=cache.k.block or None)
     kq, k_res, v_res = _write_per_token(cache.k, new_k, pos), None, None
-  return cache.replace(k=kq, v=vq, k_res=k_res, v_res=v_res, lengths=lengths + count)
+  sinks = {}
+  if fmt.sink:
+    slot = jnp.where(valid & (pos < fmt.sink), pos, fmt.sink)  # others dropped
+    sinks = dict(k_sink=_scatter_tokens(cache.k_sink, k, slot), v_sink=_scatter_tokens(cache.v_sink, v, slot))
+  return cache.replace(k=kq, v=vq, k_res=k_res, v_res=v_res, lengths=lengths + count, **sinks)
 
 
 def prefill(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"],
@@ -300,6 +313,10 @@ def materialize(cache: KVCache, dtype=jnp.float32) -> tuple[Array, Array]:
     return jax.vmap(lambda c: materialize(c, dtype))(cache)
   k = quant.dequantize(cache.k, dtype)
   v = quant.dequantize(cache.v, dtype)
+  if cache.fmt.sink:
+    n = cache.fmt.sink
+    k = k.at[:, :, :n].set(cache.k_sink.astype(dtype))
+    v = v.at[:, :, :n].set(cache.v_sink.astype(dtype))
   if not cache.fmt.is_kivi:
     return k, v
   r_len = cache.fmt.residual

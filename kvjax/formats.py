@@ -160,6 +160,10 @@ class KVFormat:
       are quantized R tokens at a time (R % G == 0); the last R values stay in
       full precision.
     residual_dtype: dtype of the full-precision window.
+    sink: the first `sink` tokens of every sequence are also kept in full
+      precision (attention sinks, StreamingLLM / IntactKV); 0 disables. They
+      are still quantized in place (and still enter the statistics of their
+      KIVI key group), but attention reads the full-precision copy.
   """
 
   name: str
@@ -167,6 +171,7 @@ class KVFormat:
   value: QuantSpec
   residual: int = 0
   residual_dtype: str = "bfloat16"
+  sink: int = 0
 
   def __post_init__(self):
     for role, spec in (("key", self.key), ("value", self.value)):
@@ -194,6 +199,8 @@ class KVFormat:
     elif self.residual:
       raise ValueError(f"KVFormat.residual is only used by KIVI formats; got {self.residual} for {self.name!r}")
     _check_choice("residual_dtype", self.residual_dtype, ("bfloat16", "float16", "float32"))
+    if not isinstance(self.sink, int) or self.sink < 0:
+      raise ValueError(f"KVFormat.sink must be an int >= 0, got {self.sink!r}")
 
   @property
   def is_kivi(self) -> bool:
@@ -236,12 +243,12 @@ def int4() -> KVFormat:
 
 
 def kivi(bits: int = 2, group_size: int = 32, residual: int = 128,
-         name: str | None = None) -> KVFormat:
-  """KIVI: per-channel keys and per-token values, `bits` wide, R full-precision."""
-  name = name or f"kivi{bits}_g{group_size}_r{residual}"
+         name: str | None = None, sink: int = 0) -> KVFormat:
+  """KIVI: per-channel keys and per-token values, `bits` wide, R full-precision (+ `sink` first tokens)."""
+  name = name or f"kivi{bits}_g{group_size}_r{residual}" + (f"_sink{sink}" if sink else "")
   return KVFormat(name=name, key=KIVISpec(bits=bits, group_size=group_size, axis="token"),
                   value=KIVISpec(bits=bits, group_size=group_size, axis="channel"),
-                  residual=residual)
+                  residual=residual, sink=sink)
 
 
 PRESETS = {

@@ -194,3 +194,34 @@ def test_bad_inputs_name_the_argument():
     attention.decode_attention(jnp.zeros((B, 4, H)), cache)
   with pytest.raises(ValueError, match=r"query heads \(3\) must be divisible by KV heads \(2\)"):
     attention.decode_attention(jnp.zeros((B, 3, 1, H)), cache)
+
+
+@pytest.mark.parametrize("name", ["kivi2_sink", "int4_sink"])
+def test_sink_tokens_stay_full_precision(name):
+  base = formats.kivi(2, 32, 64, sink=4) if name == "kivi2_sink" else formats.KVFormat(
+      name="int4_sink", key=formats.IntSpec(bits=4), value=formats.IntSpec(bits=4), sink=4)
+  cache = init_cache(base, B, K, S, H)
+  k, v = rand_kv(13, 150)
+  full = prefill(cache, k, v, jnp.array([150, 3, 90]))
+  inc = cache
+  for t in range(150):
+    inc = append(inc, k[:, :, t:t + 1], v[:, :, t:t + 1], (t < jnp.array([150, 3, 90])).astype(jnp.int32))
+  assert trees_equal(full, inc)
+  kh, vh = materialize(full)
+  kb = np.asarray(k.astype(jnp.bfloat16).astype(jnp.float32))
+  vb = np.asarray(v.astype(jnp.bfloat16).astype(jnp.float32))
+  np.testing.assert_array_equal(np.asarray(kh[0, :, :4]), kb[0, :, :4])
+  np.testing.assert_array_equal(np.asarray(vh[0, :, :4]), vb[0, :, :4])
+  np.testing.assert_array_equal(np.asarray(kh[1, :, :3]), kb[1, :, :3])
+  # later tokens are still quantized
+  assert np.abs(np.asarray(kh[0, :, 4:64]) - kb[0, :, 4:64]).max() > 1e-2
+  with pytest.raises(ValueError, match="KVFormat.sink must be an int >= 0"):
+    formats.kivi(2, 32, 64, sink=-1)
+  # the kernels decline (dispatch then falls back to the reference)
+  from kvjax import dispatch
+  from pallas_kernels.tpu import plan as tpu_plan
+  q = jnp.ones((B, 2 * K, 1, H))
+  with pytest.raises(NotImplementedError, match="sink"):
+    dispatch.decode_attention(q, full, implementation="pallas_gpu")
+  with pytest.raises(NotImplementedError, match="sink"):
+    tpu_plan.make_plan(q, full)

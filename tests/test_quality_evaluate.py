@@ -38,3 +38,23 @@ def test_calibrate_model_scales_and_cost():
   assert np.all(np.asarray(scales.k) > 0) and info["tokens"] == 128 and info["seconds"] >= 0
   nll, _ = evaluate.score_tail(model, tokens, 48, fmt, scales=scales, chunk=16)
   assert np.isfinite(nll).all()
+
+
+def test_mixed_precision_from_sensitivity():
+  from kvjax.quality import mixed
+  model = _model()
+  tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 160), 0, 300)
+  low, high = formats.kivi(2, 32, 32), formats.kivi(4, 32, 32)
+  sens = mixed.layer_sensitivity(model, tokens, 128, low, chunk=64)
+  assert sens.shape == (2,) and np.isfinite(sens).all()
+  fmts = mixed.assign_formats(sens, high, low, num_high=1)
+  assert fmts[int(np.argmax(sens))] == high and fmts.count(low) == 1
+  caches = model.init_cache(2, 192, fmts)
+  assert [c.fmt for c in caches] == list(fmts)
+  nll, _ = evaluate.score_tail(model, tokens, 128, fmts, chunk=64)
+  assert np.isfinite(nll).all()
+  import pytest
+  with pytest.raises(ValueError, match="one per layer"):
+    model.init_cache(2, 192, (low,))
+  with pytest.raises(ValueError, match="num_high must be in"):
+    mixed.assign_formats(sens, high, low, 3)

@@ -88,17 +88,26 @@ class Decoder(nnx.Module):
       self.lm_head = nnx.data(None)
     self.fmt = fmt or formats_lib.bf16()
 
-  def init_cache(self, batch: int, capacity: int, fmt: KVFormat | None = None, *,
-                 scales=None) -> tuple[KVCache, ...]:
-    """One empty cache per layer. `scales`: a `KVScales` (stacked over layers) for static FP8."""
+  def init_cache(self, batch: int, capacity: int, fmt: KVFormat | Sequence[KVFormat] | None = None,
+                 *, scales=None) -> tuple[KVCache, ...]:
+    """One empty cache per layer.
+
+    Args:
+      fmt: one format for every layer, or a sequence with one format per layer
+        (mixed precision, e.g. KIVI-4 on sensitive layers and KIVI-2 elsewhere).
+      scales: a `KVScales` (stacked over layers) for static FP8.
+    """
     fmt = fmt or self.fmt
+    fmts = tuple(fmt) if isinstance(fmt, (list, tuple)) else (fmt,) * self.cfg.num_layers
+    if len(fmts) != self.cfg.num_layers:
+      raise ValueError(f"fmt must be one format or one per layer ({self.cfg.num_layers}), got {len(fmts)}")
     per_layer = [None] * self.cfg.num_layers
     if scales is not None:
       ks, vs = scales.as_tuple() if hasattr(scales, "as_tuple") else scales
       per_layer = [(None if ks is None else ks[i], None if vs is None else vs[i])
                    for i in range(self.cfg.num_layers)]
-    return tuple(blk.attn.new_cache(batch, capacity, fmt=fmt, scales=s)
-                 for blk, s in zip(self.layers, per_layer))
+    return tuple(blk.attn.new_cache(batch, capacity, fmt=f, scales=s)
+                 for blk, f, s in zip(self.layers, fmts, per_layer))
 
   def init_gemma_cache(self, cache_size: int, batch_size: int, fmt: KVFormat | None = None,
                        ) -> dict[str, adapters.LayerCache]:

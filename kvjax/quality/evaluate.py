@@ -49,18 +49,20 @@ def _program(graphdef, chunk: int, implementation):
   return jax.jit(run)
 
 
-def score_tail(model, tokens: Int[Array, "B T"], split: int, fmt: KVFormat, *, scales=None,
+def score_tail(model, tokens: Int[Array, "B T"], split: int, fmt: KVFormat | tuple, *, scales=None,
                chunk: int = 1024, implementation=None) -> tuple[np.ndarray, np.ndarray]:
   """NLL and argmax hits ``[B, T - split]`` of ``tokens[:, split:]`` given ``tokens[:, :split]``.
 
-  The first `split` tokens are prefilled into a fresh cache of format `fmt`;
-  the rest are decoded one at a time (teacher forced).
+  The first `split` tokens are prefilled into a fresh cache of format `fmt`
+  (one format, or one per layer); the rest are decoded one at a time
+  (teacher forced).
   """
   tokens = jnp.asarray(tokens, jnp.int32)
   b, t = tokens.shape
   if not 0 < split < t:
     raise ValueError(f"split must be in (0, T={t}), got {split}")
-  caches = model.init_cache(b, round_capacity(fmt, t), fmt, scales=scales)
+  fmts = tuple(fmt) if isinstance(fmt, (list, tuple)) else (fmt,)
+  caches = model.init_cache(b, max(round_capacity(f, t) for f in fmts), fmt, scales=scales)
   graphdef, state = nnx.split(model)
   impl = tuple(implementation) if isinstance(implementation, list) else implementation
   nll, hit = _program(graphdef, min(chunk, split), impl)(state, tokens[:, :split], tokens[:, split:],

@@ -60,6 +60,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
              softcap=None):
   """The static kernel plan for `cache`, or NotImplementedError."""
   fmt = cache.fmt
+  if fmt.sink:
+    raise NotImplementedError(f"pallas_gpu: full-precision sink tokens (sink={fmt.sink})")
   b, kh, s, h = cache.batch, cache.num_kv_heads, cache.capacity, cache.head_dim
   if h % 32 or h > 256 or h & (h - 1):
     raise NotImplementedError(f"pallas_gpu: head_dim {h} (needs a power of two in [32, 256])")

@@ -144,6 +144,8 @@ def make_plan(q, cache, *, sm_scale=None, logit_softcap=None, window=None,
     raise NotImplementedError(f"q must be [B, N, T, H], got shape {q.shape}")
   b, n, t, h = q.shape
   fmt = cache.fmt
+  if fmt.sink:
+    raise NotImplementedError(f"pallas_tpu: full-precision sink tokens (sink={fmt.sink})")
   kh = cache.num_kv_heads
   if b != cache.batch or h != cache.head_dim or n % kh:
     raise NotImplementedError(f"q shape {q.shape} does not match the cache "
