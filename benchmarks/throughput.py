@@ -235,14 +235,19 @@ class _Runner:
 
 
 def _pairs(run, n0, n, reps):
-  """Median over reps of (t(n) - t(n0)) / (n - n0), and median t(n0)."""
+  """Median over reps of (t(n) - t(n0)) / (n - n0), and median t(n0).
+
+  The per-step time is NaN when timing noise swamps the difference (a
+  non-positive median); rows then record None instead of a negative time.
+  """
   d, base = [], []
   for _ in range(reps):
     a = run(n0)
     z = run(n)
     base.append(a)
     d.append((z - a) / (n - n0))
-  return statistics.median(d), statistics.median(base)
+  step = statistics.median(d)
+  return (step if step > 0 else float("nan")), statistics.median(base)
 
 
 def run_row(model_name: str, fmt_name: str, context: int, budget_bytes: int, *, steps: int = 64,
@@ -293,7 +298,7 @@ def _batch1(row, model, cfg, fmt, cap, context, steps, prefill, reps, implementa
   first = run1(1)
   row["compile_b1_s"] = first - run1(1)
   step1, pre = _pairs(run1, 1, steps, reps)
-  row.update(step_ms=step1 * 1e3, prefill_tokens=p1, prefill_ms=pre * 1e3,
+  row.update(step_ms=None if step1 != step1 else step1 * 1e3, prefill_tokens=p1, prefill_ms=pre * 1e3,
              prefill_tokens_per_s=p1 / pre, b1_s=time.perf_counter() - t0)
   log(f"  b=1: step {step1 * 1e3:.2f} ms, prefill {p1} tok {pre * 1e3:.1f} ms")
   del run1, caches
@@ -316,7 +321,9 @@ def _max_batch(row, model, cfg, fmt, cap, context, b, steps, warm_steps, reps, t
   est = max((run(2 * warm_steps) - t_n0) / warm_steps, 1e-6)  # per-step estimate
   n = int(min(steps, max(2 * warm_steps, warm_steps + round(target_s / est))))
   step, _ = _pairs(run, warm_steps, n, reps)
-  row.update(tokens_per_s=b / step, step_ms_at_max_batch=step * 1e3, timed_steps=n - warm_steps,
+  noisy = step != step  # NaN: timing noise swamped the measurement
+  row.update(tokens_per_s=None if noisy else b / step, step_ms_at_max_batch=None if noisy else step * 1e3,
+             timing_noise=noisy, timed_steps=n - warm_steps,
              decode_s=time.perf_counter() - t0)
   peak, in_use = _peak_bytes()
   row["peak_gib"] = None if peak is None else peak / GIB

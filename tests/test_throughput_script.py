@@ -40,7 +40,7 @@ def test_plan_ratios_llama_32k():
 def test_script_rows_json_and_plot(tmp_path, capsys):
   out = tmp_path / "tp.json"
   rc = throughput.main(["--models", "tiny", "--formats", "bf16,kivi2", "--contexts", "256",
-                        "--budget-gib", str(BUDGET_GIB), "--steps", "16", "--warm-steps", "4",
+                        "--budget-gib", str(BUDGET_GIB), "--steps", "64", "--warm-steps", "4",
                         "--reps", "1", "--prefill", "32", "--target-s", "0.01", "--in-process",
                         "--out", str(out)])
   assert rc == 0
@@ -56,7 +56,10 @@ def test_script_rows_json_and_plot(tmp_path, capsys):
                                      r["context"], _shape(cfg))
     assert r["max_batch"] == want >= 1
     assert r["kv_gib"] <= BUDGET_GIB
-    assert r["tokens_per_s"] > 0 and r["step_ms"] > 0 and r["prefill_tokens_per_s"] > 0
+    # On a loaded CPU the step-time difference can drown in noise: then None, never negative.
+    assert r["tokens_per_s"] is None or r["tokens_per_s"] > 0
+    assert r["step_ms"] is None or r["step_ms"] > 0
+    assert r["prefill_tokens_per_s"] > 0
     assert r["peak_gib"] is None or r["peak_gib"] >= r["kv_gib"]  # CPU: no memory stats
     assert sum(r["layer_impls"].values()) == cfg.num_layers
   assert rows[1]["max_batch"] > rows[0]["max_batch"]  # kivi2 fits more sequences
