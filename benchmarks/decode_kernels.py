@@ -129,15 +129,22 @@ STEPS_MIN = int(os.environ.get("KVJAX_BENCH_STEPS_MIN", 20))
 # ----------------------------------------------------------------------------- impls
 
 
-def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
-  """Times the fused kernel, and (do_step) the full step with append and the append alone."""
-  length = ctx - 256  # room for the appends of the timed loops
+def cache_sets(fmt_name, b, ctx, key):
+  """Enough random caches (filled to ctx - 256, room for the timed appends) to rotate beyond L2,
+  the bytes one step reads, and a query."""
+  length = ctx - 256
   c0 = random_cache(fmt_name, b, ctx, length, key)
   nb = cache_bytes_read(c0, length)
   ns = n_sets(c0.nbytes)
   caches = tuple([c0] + [random_cache(fmt_name, b, ctx, length, jax.random.fold_in(key, i))
                          for i in range(1, ns)])
   q = jax.random.normal(jax.random.fold_in(key, 99), (b, N_HEADS, 1, HEAD_DIM), jnp.bfloat16)
+  return length, nb, ns, caches, q
+
+
+def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
+  """Times the fused kernel, and (do_step) the full step with append and the append alone."""
+  length, nb, ns, caches, q = cache_sets(fmt_name, b, ctx, key)
   steps = max(1, steps_for(nb / 3.5e6) // ns)
   rows = []
 
@@ -149,16 +156,7 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
   us = time_loop(attend, (q, caches), steps, reps) / ns
   rows.append(("kvjax", us, nb))
   if do_step:
-    def full(x):
-      q, cs = x
-      new = []
-      for c in cs:
-        o = ops.decode_attention(q, c)
-        t = new_token(o, b)
-        c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
-        new.append(cache_lib.append(c, t, t))
-        q = chain(q, o)
-      return q, tuple(new)
+    full = decode_step(ops.decode_attention, b, ctx, length)
     rows.append(("kvjax_step", time_loop(full, (q, caches), steps, reps) / ns, nb))
 
     def app(x):
@@ -173,26 +171,27 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
   return rows
 
 
-def xla_dequant_row(fmt_name, b, ctx, reps, key):
-  """kvjax's XLA reference (dequantize, then attend), cache appended every step."""
-  length = ctx - 256
-  c0 = random_cache(fmt_name, b, ctx, length, key)
-  nb = cache_bytes_read(c0, length)
-  ns = n_sets(c0.nbytes)
-  caches = tuple([c0] + [random_cache(fmt_name, b, ctx, length, jax.random.fold_in(key, i))
-                         for i in range(1, ns)])
-  q = jax.random.normal(jax.random.fold_in(key, 99), (b, N_HEADS, 1, HEAD_DIM), jnp.bfloat16)
-
+def decode_step(attend_fn, b, ctx, length):
+  """A real decode step over each cache set: attend, append a token derived from the output (the
+  cache changes every step, nothing is hoisted), and chain the next query on the output."""
   def full(x):
     q, cs = x
     new = []
     for c in cs:
-      o = attention.decode_attention(q, c)
+      o = attend_fn(q, c)
       t = new_token(o, b)
       c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
       new.append(cache_lib.append(c, t, t))
       q = chain(q, o)
     return q, tuple(new)
+  return full
+
+
+def xla_dequant_row(fmt_name, b, ctx, reps, key):
+  """kvjax's XLA reference (dequantize, then attend), cache appended every step."""
+  length, nb, ns, caches, q = cache_sets(fmt_name, b, ctx, key)
+
+  full = decode_step(attention.decode_attention, b, ctx, length)
   steps = max(1, steps_for(nb / 1.5e6) // ns)
   return time_loop(full, (q, caches), steps, reps) / ns, nb
 

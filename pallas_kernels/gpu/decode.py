@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -206,16 +205,9 @@ def flat_decode(q, lengths, k_codes, v_codes, k_scale, v_scale, *, plan: FlatPla
     if sc is not None:
       args.append(sc)
       specs.append(_seq_spec(sc.shape))
-  return pl.pallas_call(
-      functools.partial(_flat_kernel, plan=plan),
-      grid=(b, kh, ns),
-      in_specs=specs,
-      out_specs=_state_specs(m_rows, h),
-      out_shape=_state_shapes(b, kh, ns, m_rows, h),
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      interpret=interpret,
-      name="kvjax_flat_decode",
-  )(*args)
+  return _split_states_call(functools.partial(_flat_kernel, plan=plan), args, specs,
+                            (b, kh, ns, m_rows, h), num_warps, num_stages, interpret,
+                            "kvjax_flat_decode")
 
 
 # ----------------------------------------------------------------------------- KIVI
@@ -376,15 +368,23 @@ def kivi_decode(q, lengths, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
   specs = ([pl.BlockSpec((None,), lambda b_, k, s: (b_,)),
             pl.BlockSpec((None, None, m_rows, h), lambda b_, k, s: (b_, k, 0, 0))]
            + [_seq_spec(a.shape) for a in args[2:]])
+  return _split_states_call(functools.partial(_kivi_kernel, plan=plan), args, specs,
+                            (b, kh, ns, m_rows, h), num_warps, num_stages, interpret,
+                            "kvjax_kivi_decode")
+
+
+def _split_states_call(kernel, args, specs, dims, num_warps, num_stages, interpret, name):
+  """One program per (sequence, KV head, split) writing that split's (o, m, l) state."""
+  b, kh, ns, m_rows, h = dims
   return pl.pallas_call(
-      functools.partial(_kivi_kernel, plan=plan),
+      kernel,
       grid=(b, kh, ns),
       in_specs=specs,
       out_specs=_state_specs(m_rows, h),
       out_shape=_state_shapes(b, kh, ns, m_rows, h),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
-      name="kvjax_kivi_decode",
+      name=name,
   )(*args)
 
 
