@@ -156,7 +156,7 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
   us = time_loop(attend, (q, caches), steps, reps) / ns
   rows.append(("kvjax", us, nb))
   if do_step:
-    full = decode_step(ops.decode_attention, b, ctx, length)
+    full = decode_step(functools.partial(ops.decode_attention, **(opts or {})), b, ctx, length)
     rows.append(("kvjax_step", time_loop(full, (q, caches), steps, reps) / ns, nb))
 
     def app(x):
@@ -318,30 +318,63 @@ def torch_row(b, ctx, reps):
 # ----------------------------------------------------------------------------- correctness
 
 
-def check_all(log):
+NARROW = (dict(narrow_qk=True), dict(narrow_qk=True, narrow_pv=True))
+JOIN = (dict(join_values=True),)
+VARIANTS = {"fp8_e4m3": NARROW, "int8": NARROW, "kivi2": JOIN, "kivi2_g128": JOIN}
+# ^ kernel options checked (--check) and swept (--sweep) beside the defaults
+
+
+def opts_name(f, o):
+  return f + "".join(f"+{k}" for k, v in sorted(o.items()) if v is True)
+
+
+def check_all(log, names=None):
+  """Worst relative error vs the XLA reference per format (and per option variant)."""
   from pallas_kernels import test_base as tb
   worst = {}
-  for f in tb.ALL_FORMATS:
-    cases = [(L, t, 4, 2) for L in tb.LENGTHS.values() for t in (1, 3)] + [([5, 200], 1, 8, 1)]
-    for L, t, rep, kh in cases:
-      q, c = tb.make_case(f, L, num_queries=t, rep=rep, num_kv_heads=kh, seed=len(L) + t)
-      ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
-      out = np.asarray(ops.decode_attention(q, c), np.float32)
-      assert np.isfinite(out).all(), f
-      for bi, l in enumerate(L):
-        e = (float(np.abs(out[bi]).max()) if l == 0 else
-             tb.relative_error(out[bi][:, max(0, t - l):], ref[bi][:, max(0, t - l):]))
-        worst[f] = max(worst.get(f, 0.0), e)
-    # a larger ragged case with the benchmark's head shape
-    L = [0, 1, 127, 128, 129, 1000, 2047, 2048]
-    q, c = tb.make_case(f, L, num_kv_heads=K_HEADS, rep=N_HEADS // K_HEADS, capacity=2048, seed=3)
-    ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
-    out = np.asarray(ops.decode_attention(q, c), np.float32)
-    for bi, l in enumerate(L):
-      e = float(np.abs(out[bi]).max()) if l == 0 else tb.relative_error(out[bi], ref[bi])
-      worst[f] = max(worst[f], e)
-    log(f"check {f:18s} worst rel err {worst[f]:.2e} {'OK' if worst[f] < 1e-2 else 'FAIL'}")
+  for f in names or tb.ALL_FORMATS:
+    for o in ({},) + VARIANTS.get(f, ()):
+      name = opts_name(f, o)
+      try:
+        worst[name] = _check_one(tb, f, o)
+      except Exception as e:  # a variant that does not compile is reported, not fatal
+        log(f"check {name} failed: {repr(e)[:300]}")
+        worst[name] = float("inf")
+        continue
+      log(f"check {name:30s} worst rel err {worst[name]:.2e} {'OK' if worst[name] < 1e-2 else 'FAIL'}")
   return worst
+
+
+def _check_one(tb, f, opts):
+  worst = 0.0
+  cases = [(L, t, 4, 2) for L in tb.LENGTHS.values() for t in (1, 3)] + [([5, 200], 1, 8, 1)]
+  for L, t, rep, kh in cases:
+    q, c = tb.make_case(f, L, num_queries=t, rep=rep, num_kv_heads=kh, seed=len(L) + t)
+    ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+    out = np.asarray(ops.decode_attention(q, c, **opts), np.float32)
+    assert np.isfinite(out).all(), f
+    for bi, l in enumerate(L):
+      e = (float(np.abs(out[bi]).max()) if l == 0 else
+           tb.relative_error(out[bi][:, max(0, t - l):], ref[bi][:, max(0, t - l):]))
+      worst = max(worst, e)
+  # a larger ragged case with the benchmark's head shape
+  L = [0, 1, 127, 128, 129, 1000, 2047, 2048]
+  q, c = tb.make_case(f, L, num_kv_heads=K_HEADS, rep=N_HEADS // K_HEADS, capacity=2048, seed=3)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+  out = np.asarray(ops.decode_attention(q, c, **opts), np.float32)
+  for bi, l in enumerate(L):
+    e = float(np.abs(out[bi]).max()) if l == 0 else tb.relative_error(out[bi], ref[bi])
+    worst = max(worst, e)
+  return worst
+
+
+def sweep_grid(f):
+  """Kernel options tried per format at B=8, 32k (--sweep); the first entry is the default."""
+  if f.startswith("kivi"):
+    return [dict(n, num_stages=st, num_splits=sp) for n in ({},) + VARIANTS.get(f, ())
+            for sp in (None, 64) for st in (3, 2)]
+  return [dict(n, num_stages=st, num_splits=sp) for n in ({},) + VARIANTS.get(f, ())
+          for sp in (None, 64) for st in (3, 4)]
 
 
 # ----------------------------------------------------------------------------- main
@@ -356,9 +389,15 @@ def main():
   ap.add_argument("--peers", default=",".join(BF16_PEERS + ("xla_dequant",)))
   ap.add_argument("--reps", type=int, default=5)
   ap.add_argument("--check", action="store_true")
+  ap.add_argument("--check-formats", default="", help="formats to --check (default: all)")
   ap.add_argument("--stream-gb", type=float, default=4.0)
   ap.add_argument("--max-bf16-gb", type=float, default=20.0, help="skip configs whose bf16 cache is larger")
-  ap.add_argument("--sweep", default="", help="formats to sweep tiling options for (B=8, 32k)")
+  ap.add_argument("--sweep", default="", help="formats to sweep kernel options for (B=8, 32k)")
+  ap.add_argument("--sweep-batch", type=int, default=8)
+  ap.add_argument("--sweep-context", type=int, default=32768)
+  ap.add_argument("--tune", action="store_true",
+                  help="time the table's kvjax rows with each swept format's fastest options")
+  ap.add_argument("--tuned-from", help="a result file whose meta.tuned options the kvjax rows use")
   ap.add_argument("--merge", nargs="*", help="merge these result files into --out and plot; no timing")
   args = ap.parse_args()
   rows, t_start = [], time.time()
@@ -370,7 +409,7 @@ def main():
 
   meta = {"device": str(jax.devices()[0]), "jax": jax.__version__}
   if args.check:
-    meta["check_worst_rel_err"] = check_all(log)
+    meta["check_worst_rel_err"] = check_all(log, [f for f in args.check_formats.split(",") if f])
   tb = stream_tbps(args.reps, args.stream_gb)
   meta["stream_tbps"] = tb
   log(f"stream {tb:.2f} TB/s")
@@ -383,26 +422,38 @@ def main():
         (f" {nb / us / 1e6:5.2f} TB/s" if nb else ""))
 
   key = jax.random.PRNGKey(0)
+  tuned = {}
   for f in filter(None, args.sweep.split(",")):
-    kivi = f.startswith("kivi")
-    grid = ([dict(num_warps=w, num_stages=st, num_splits=sp) for w in (4, 8) for st in (2, 3)
-             for sp in (None, 32)] if kivi else
-            [dict(block=bl, num_stages=st, num_splits=sp) for bl in (128, 256) for st in (2, 3, 4)
-             for sp in (None, 32)])
-    for o in grid:
-      try:
-        (_, us, nb), = kvjax_rows(f, 8, 32768, args.reps, key, False, o)
-      except Exception as e:  # e.g. shared memory exceeded
-        log(f"sweep {f} {o} failed: {repr(e)[:120]}")
+    best = None
+    for o in sweep_grid(f):
+      variant = opts_name(f, o)
+      if meta.get("check_worst_rel_err", {}).get(variant, 0.0) >= 1e-2:
+        log(f"sweep {o}: skipped, {variant} failed the check")
         continue
-      add("sweep:" + ",".join(f"{k}={v}" for k, v in o.items()), f, 8, 32768, us, nb)
+      try:
+        (_, us, nb), = kvjax_rows(f, args.sweep_batch, args.sweep_context, args.reps, key, False, o)
+      except Exception as e:  # e.g. shared memory exceeded, an unsupported 8-bit dot
+        log(f"sweep {f} {o} failed: {repr(e)[:300]}")
+        continue
+      add("sweep:" + ",".join(f"{k}={v}" for k, v in o.items()), f, args.sweep_batch,
+          args.sweep_context, us, nb)
+      if best is None or us < best[0]:
+        best = (us, o)
+    if args.tune and best is not None:
+      tuned[f] = {k: v for k, v in best[1].items() if v is not None}
+      log(f"tuned {f}: {tuned[f]} ({best[0]:.1f} us)")
+  if args.tuned_from:  # options picked by an earlier --tune run
+    with open(args.tuned_from) as fh:
+      tuned = {**json.load(fh)["meta"].get("tuned", {}), **tuned}
+  meta["tuned"] = tuned
+  save(args.out, meta, rows)
   for b in map(int, filter(None, args.batches.split(","))):
     for ctx in map(int, args.contexts.split(",")):
       if b * ctx * K_HEADS * HEAD_DIM * 4 / 1e9 > args.max_bf16_gb:
         log(f"skip B={b} ctx={ctx}: bf16 cache over {args.max_bf16_gb} GB")
         continue
       for f in args.formats.split(","):
-        for impl, us, nb in kvjax_rows(f, b, ctx, args.reps, key, do_step=(b == 8)):
+        for impl, us, nb in kvjax_rows(f, b, ctx, args.reps, key, (b == 8), tuned.get(f)):
           add(impl, f, b, ctx, us, nb)
       for p in args.peers.split(","):
         if p == "torch_sdpa":
@@ -414,11 +465,15 @@ def main():
             add("xla_dequant", f, b, ctx, *xla_dequant_row(f, b, ctx, args.reps, key))
         else:
           add(p, "bf16", b, ctx, *bf16_peer_row(p, b, ctx, args.reps, key))
-      os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-      with open(args.out, "w") as fh:
-        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+      save(args.out, meta, rows)
   summary(rows, tb, log)
   plot(rows, os.path.splitext(args.out)[0] + ".png")
+
+
+def save(out, meta, rows):
+  os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  with open(out, "w") as fh:
+    json.dump({"meta": meta, "rows": rows}, fh, indent=1)
 
 
 def merge_and_plot(paths, out):

@@ -76,3 +76,58 @@ def test_unsupported_falls_back_to_xla():
 
 def test_registered():
   assert "pallas_gpu" in dispatch.implementations()
+
+
+@pytest.mark.parametrize("fmt_name", ["fp8_e4m3", "fp8_e4m3_static", "int8"])
+@pytest.mark.parametrize("narrow", [{"narrow_qk": True}, {"narrow_qk": True, "narrow_pv": True}],
+                         ids=["qk", "qk_pv"])
+def test_narrow_dots_match_reference(fmt_name, narrow):
+  q, c = test_base.make_case(fmt_name, [0, 1, 200, test_base.CAPACITY], num_queries=3)
+  plan = ops.plan_for(c, 3, 12, **narrow)
+  assert plan.narrow_qk and plan.narrow_pv == narrow.get("narrow_pv", False)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+  out = np.asarray(ops.decode_attention(q, c, interpret=INTERPRET, **narrow), np.float32)
+  assert np.abs(out[0]).max() == 0.0  # length 0: nothing visible
+  assert test_base.relative_error(out[1][:, 2:], ref[1][:, 2:]) < 1e-2  # length 1: last query sees it
+  assert test_base.relative_error(out[2:], ref[2:]) < 1e-2
+
+
+def test_narrow_dots_declined_for_e5m2_and_sub_byte():
+  for name in ("fp8_e5m2", "int4", "bf16"):
+    _, c = test_base.make_case(name, [5])
+    plan = ops.plan_for(c, 1, 4, narrow_qk=True, narrow_pv=True)
+    assert not plan.narrow_qk and not plan.narrow_pv, name
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.int8])
+def test_two_term_split_is_bf16_accurate(dtype):
+  from pallas_kernels.gpu import decode
+  x = jax.random.normal(jax.random.PRNGKey(0), (16, 128)) * jnp.logspace(-6, 2, 16)[:, None]
+  x = x.at[3].set(0.0).at[5, :64].multiply(1e-4)  # a zero row; a row of mixed magnitudes
+  hi, lo, inv, lo_inv = decode._two_term(x, dtype)
+  assert hi.dtype == dtype and lo.dtype == dtype
+  y = (hi.astype(jnp.float32) + lo.astype(jnp.float32) * lo_inv) * inv
+  amax = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+  err = jnp.abs(y - x) / jnp.maximum(jnp.maximum(jnp.abs(x), amax * 2.0 ** -7), 1e-30)  # tiny: absolute
+  assert float(err.max()) < 2.0 ** -7
+  assert float(jnp.abs(y[3]).max()) == 0.0
+
+
+@pytest.mark.parametrize("fmt_name", ["kivi2", "kivi2_g128"])
+def test_joined_value_tiles_match_reference(fmt_name):
+  q, c = test_base.make_case(fmt_name, [0, 1, 127, 130, test_base.CAPACITY], num_queries=3)
+  assert ops.plan_for(c, 3, 12, join_values=True).join_values
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+  out = np.asarray(ops.decode_attention(q, c, interpret=INTERPRET, join_values=True), np.float32)
+  assert np.abs(out[0]).max() == 0.0
+  assert test_base.relative_error(out[2:], ref[2:]) < 1e-2
+
+
+def test_interleave_order():
+  from pallas_kernels.gpu import decode
+  tiles = [jnp.full((2, 3), i, jnp.float32) + 10 * jnp.arange(3.0) for i in range(4)]
+  got = np.asarray(decode._interleave(tiles))
+  np.testing.assert_array_equal(got[0], [i + 10 * c for c in range(3) for i in range(4)])
+  plan = ops.plan_for(test_base.make_case("kivi2", [5])[1], 1, 4)
+  assert sorted(plan.joined_channel_order(128)) == list(range(128))
+  assert not ops.plan_for(test_base.make_case("kivi4", [5])[1], 1, 4, join_values=True).join_values

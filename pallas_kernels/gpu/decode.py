@@ -17,11 +17,17 @@ Dequantization never materializes the cache (DESIGN.md section 3):
   * INT4 nibbles (planar: byte j = channels j and j + H/2) and KIVI codes go
     through the 0x6400 trick: ``bitcast_f16(code | 0x6400) - 1024`` (- 1032
     for biased INT4), one OR and one SUB per element.
-  * KIVI keys (per-channel groups along tokens, packed planar along tokens in
-    blocks of R): per group the query is scaled once, ``q*s_g``, dotted with
-    raw codes, plus the constant ``q . m_g``. KIVI values (per-token groups
-    along channels): ``p_t * s_tg`` before the PV product plus ``sum_t p_t
-    m_tg``.
+  * KIVI tiles are dequantized in registers, ``code * s + m`` in fp16 (keys:
+    per-channel scale/zero of the tile's token group, one [1, H] row; values:
+    per-token scale/zero of the tile's channel group, one [u, 1] column), and
+    dotted with the fixed fp16 query / the fp16 probabilities. (Session 1
+    scaled the query per group and the probabilities per value plane instead;
+    that re-laid out the tensor-core operand for every small dot and needed
+    cross-lane zero-point sums: 0.3 TB/s.)
+  * FP8 e4m3 / INT8 can instead run q.k and p.v as 8-bit tensor-core dots on
+    the stored codes (`narrow_qk`, `narrow_pv`): the other operand is split
+    in two 8-bit terms, hi + lo/16 (or /254), per row, which keeps about
+    bf16's 2^-8 relative precision without upcasting the cache tile.
   * KIVI residual windows are one extra program per (b, k) (split index NS):
     slots ``j < L % R`` hold full-precision keys, the other slots of the ring
     hold tokens whose keys are quantized in the last full block; values of
@@ -72,6 +78,31 @@ class FlatPlan:
   block: int          # tokens per iteration
   num_splits: int
   softcap: float | None = None
+  narrow_qk: bool = False  # q . k on the tensor cores in the cache's own 8-bit type (two-term q)
+  narrow_pv: bool = False  # p . v likewise (two-term p * scale)
+
+
+def _two_term(x, dtype):
+  """x [M, N] f32 -> (hi, lo, inv [M, 1]) with x ~= (hi + lo / LO) * inv row-wise, hi and lo
+  in the 8-bit `dtype` (float8_e4m3fn or int8): about 2^-8 relative per element, bf16's level,
+  so an 8-bit x 8-bit tensor-core dot needs no upcast of the cache tile."""
+  top, lo_mult = (224.0, 16.0) if dtype != jnp.int8 else (127.0, 254.0)
+  amax = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+  f = top / jnp.where(amax > 0, amax, 1.0)
+  y = x * f
+  if dtype == jnp.int8:
+    hi_f = jnp.floor(y + 0.5)
+    lo = jnp.floor((y - hi_f) * lo_mult + 0.5).astype(jnp.int8)
+    hi = hi_f.astype(jnp.int8)
+  else:
+    hi = y.astype(dtype)
+    lo = ((y - hi.astype(jnp.float32)) * lo_mult).astype(dtype)
+  return hi, lo, 1.0 / f, 1.0 / lo_mult
+
+
+def _two_term_dot(terms, c, trans_b):
+  hi, lo, inv, lo_inv = terms
+  return (_dot(hi, c, trans_b=trans_b) + _dot(lo, c, trans_b=trans_b) * lo_inv) * inv
 
 
 def _row_qpos(length, m_rows, t):
@@ -118,6 +149,8 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
   half = h // 2
   if plan.key_kind == "bf16":
     qk = (qf.astype(jnp.bfloat16),)
+  elif plan.narrow_qk:
+    qk = _two_term(qf, k_ref.dtype)
   elif plan.key_kind == "i4":
     qk = (q_ref[:, pl.ds(0, half)].astype(jnp.float16), q_ref[:, pl.ds(half, half)].astype(jnp.float16))
   else:
@@ -132,6 +165,8 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
     kc = k_ref[pl.ds(t0, bs), :]
     if plan.key_kind == "bf16":
       s = _dot(qk[0], kc, trans_b=True)
+    elif plan.narrow_qk:
+      s = _two_term_dot(qk, kc, True)
     elif plan.key_kind == "i4":
       s = (_dot(qk[0], _u4_to_f16(kc & 0xF, 8), trans_b=True)
            + _dot(qk[1], _u4_to_f16(kc >> 4, 8), trans_b=True))
@@ -153,11 +188,13 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
       pp = p
       if plan.value_scaled:
         pp = p * (vs_ref[pl.ds(t0, bs)].astype(jnp.float32) * plan.value_c)[None, :]
-      pp = pp.astype(jnp.float16)
-      if plan.value_kind == "i4":
+      if plan.narrow_pv:
+        pv = (_two_term_dot(_two_term(pp, vc.dtype), vc, False),)
+      elif plan.value_kind == "i4":
+        pp = pp.astype(jnp.float16)
         pv = (_dot(pp, _u4_to_f16(vc & 0xF, 8)), _dot(pp, _u4_to_f16(vc >> 4, 8)))
       else:
-        pv = (_dot(pp, vc.astype(jnp.float16)),)
+        pv = (_dot(pp.astype(jnp.float16), vc.astype(jnp.float16)),)
     accs = tuple(a * alpha[:, None] + x for a, x in zip(accs, pv))
     return accs, m_new, l_new
 
@@ -225,6 +262,7 @@ class KiviPlan:
   rows: int
   num_splits: int     # splits over the quantized region; +1 program for the residual
   softcap: float | None = None
+  join_values: bool = False  # one [u, H] value tile per key tile (planes interleaved), one dot
 
   @property
   def key_unit(self):  # tokens per key tile: one plane of a byte-row chunk, within one group
@@ -233,10 +271,28 @@ class KiviPlan:
   def value_unit(self, h):  # channels per value tile
     return min(self.value_group, h * self.value_bits // 8)
 
+  def joined_channel_order(self, h):
+    """Channel held by column j of a joined value tile (and of the quantized splits' output)."""
+    nv, cpp = 8 // self.value_bits, h * self.value_bits // 8
+    return [(j % nv) * cpp + j // nv for j in range(h)]
 
-def _kivi_key_logits(q, k_ref, ks_ref, kz_ref, t0, plan: KiviPlan):
+
+def _interleave(tiles):
+  """Same-shape [u, w] tiles -> [u, n*w], column n*c + i = tiles[i][:, c] (n a power of two),
+  by pairwise last-axis joins (register shuffles in Triton, no shared memory)."""
+  while len(tiles) > 1:
+    half = len(tiles) // 2
+    tiles = [jnp.stack([tiles[i], tiles[i + half]], axis=-1).reshape(tiles[i].shape[0], -1)
+             for i in range(half)]
+  return tiles[0]
+
+
+def _kivi_key_logits(q16, k_ref, ks_ref, kz_ref, t0, plan: KiviPlan):
   """Logits of the quantized keys of the R-block at token t0 (multiple of R).
 
+  Each [u, H] key tile is dequantized in registers, ``code * s_g + m_g`` in
+  fp16 (u <= G: one key group per tile), and dotted with the fixed fp16 query,
+  so the query operand is laid out for the tensor cores once per program.
   Returns a list of (token offset in block, [M, u] logits), u = key_unit.
   """
   r, bits, g = plan.residual, plan.key_bits, plan.key_group
@@ -244,21 +300,16 @@ def _kivi_key_logits(q, k_ref, ks_ref, kz_ref, t0, plan: KiviPlan):
   rows_per_plane = r // n
   u = plan.key_unit
   mask = (1 << bits) - 1
-  cache = {}
   out = []
   for j in range(rows_per_plane // u):
     byte_rows = k_ref[pl.ds(t0 // n + j * u, u), :]  # [u, H] uint8
     for i in range(n):
       off = i * rows_per_plane + j * u
-      grp = off // g
-      if grp not in cache:
-        gi = t0 // g + grp
-        sc = ks_ref[gi, :].astype(jnp.float32)
-        zr = kz_ref[gi, :].astype(jnp.float32)
-        cache[grp] = ((q * sc[None, :]).astype(jnp.float16), jnp.sum(q * zr[None, :], axis=1))
-      qs, qz = cache[grp]
-      codes = _u4_to_f16((byte_rows >> (i * bits)) & mask, 0)
-      out.append((off, _dot(qs, codes, trans_b=True) + qz[:, None]))
+      gi = (t0 + off) // g
+      sc = ks_ref[pl.ds(gi, 1), :].astype(jnp.float16)  # [1, H]
+      zr = kz_ref[pl.ds(gi, 1), :].astype(jnp.float16)
+      kf = _u4_to_f16((byte_rows >> (i * bits)) & mask, 0) * sc + zr
+      out.append((off, _dot(q16, kf, trans_b=True)))
   return sorted(out, key=lambda x: x[0])
 
 
@@ -282,6 +333,7 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
   split = pl.program_id(2)
   ns = plan.num_splits
   qf = q_ref[...]
+  q16 = qf.astype(jnp.float16)
   qpos = _row_qpos(length, m_rows, plan.num_queries)
   tok = lax.broadcasted_iota(jnp.int32, (1, u), 1)
   nv = 8 // plan.value_bits
@@ -299,40 +351,48 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
     lv = jnp.maximum(length - r, 0)  # tokens with quantized values (and keys)
 
     def body(bi, carry):
-      accs, zaccs, m_prev, l_prev = carry
+      accs, m_prev, l_prev = carry
       t0 = bi * r
-      logits = _kivi_key_logits(qf, k_ref, ks_ref, kz_ref, t0, plan)
+      logits = _kivi_key_logits(q16, k_ref, ks_ref, kz_ref, t0, plan)
       logits = [(off, _finish_logits(s, plan.softcap)) for off, s in logits]
       masks = [(t0 + off + tok) < lv for off, _ in logits]
       ps, m_new, l_new, alpha = _softmax_update([s for _, s in logits], masks, m_prev, l_prev)
       accs = [a * alpha[:, None] for a in accs]
-      zaccs = [z * alpha for z in zaccs]
       for (off, _), p in zip(logits, ps):
         tu = t0 + off
+        p16 = p.astype(jnp.float16)
+        sz = {}
+
+        def vscale(grp):  # per-token scale and zero of a channel group: [u, 1] fp16
+          if grp not in sz:
+            sz[grp] = (vs_ref[pl.ds(tu, u), pl.ds(grp, 1)].astype(jnp.float16),
+                       vz_ref[pl.ds(tu, u), pl.ds(grp, 1)].astype(jnp.float16))
+          return sz[grp]
+
         for jc in range(n_vcols):
           vb = v_ref[pl.ds(tu, u), pl.ds(jc * wv, wv)]  # [u, wv] uint8
+          tiles = []
           for iv in range(nv):
             c0 = iv * cpp + jc * wv
-            grp = c0 // gv
-            sc = vs_ref[pl.ds(tu, u), grp].astype(jnp.float32)
-            zr = vz_ref[pl.ds(tu, u), grp].astype(jnp.float32)
-            pp = (p * sc[None, :]).astype(jnp.float16)
-            codes = _u4_to_f16((vb >> (iv * plan.value_bits)) & vmask, 0)
-            idx = iv * n_vcols + jc
-            accs[idx] = accs[idx] + _dot(pp, codes)
-            if c0 % gv == 0:  # one zero-point term per group
-              zaccs[grp] = zaccs[grp] + jnp.sum(p * zr[None, :], axis=1)
-      return accs, zaccs, m_new, l_new
+            sc, zr = vscale(c0 // gv)
+            tiles.append(_u4_to_f16((vb >> (iv * plan.value_bits)) & vmask, 0) * sc + zr)
+          if plan.join_values:
+            accs[0] = accs[0] + _dot(p16, _interleave(tiles))
+          else:
+            for iv, vf in enumerate(tiles):
+              accs[iv * n_vcols + jc] = accs[iv * n_vcols + jc] + _dot(p16, vf)
+      return accs, m_new, l_new
 
     lo, n = _split_range(lv, r, ns, split)
-    accs = [jnp.zeros((m_rows, wv), jnp.float32) for _ in range(n_vunits)]
-    zaccs = [jnp.zeros((m_rows,), jnp.float32) for _ in range(h // gv)]
-    accs, zaccs, m, l = lax.fori_loop(0, n, lambda j, c: body(lo + j, c), (accs, zaccs, m0, l0))
-    parts = []
-    for iv in range(nv):
-      for jc in range(n_vcols):
-        c0 = iv * cpp + jc * wv
-        parts.append((c0, accs[iv * n_vcols + jc] + zaccs[c0 // gv][:, None]))
+    if plan.join_values:  # columns in joined_channel_order; ops un-permutes after the kernel
+      accs = [jnp.zeros((m_rows, h), jnp.float32)]
+    else:
+      accs = [jnp.zeros((m_rows, wv), jnp.float32) for _ in range(n_vunits)]
+    accs, m, l = lax.fori_loop(0, n, lambda j, c: body(lo + j, c), (accs, m0, l0))
+    if plan.join_values:
+      parts = [(0, accs[0])]
+    else:
+      parts = [(iv * cpp + jc * wv, accs[iv * n_vcols + jc]) for iv in range(nv) for jc in range(n_vcols)]
     _store_state(o_ref, m_ref, l_ref, parts, m, l, plan.rows)
 
   @pl.when(split == ns)
@@ -340,7 +400,7 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
     rem = length % r
     lq = length - rem
     tb = jnp.maximum(lq - r, 0)
-    qlog = _kivi_key_logits(qf, k_ref, ks_ref, kz_ref, tb, plan)
+    qlog = _kivi_key_logits(q16, k_ref, ks_ref, kz_ref, tb, plan)
     qb = qf.astype(jnp.bfloat16)
     parts, masks = [], []
     for off, sq in qlog:

@@ -25,6 +25,9 @@ MAX_ROWS = 64
 # splits (32 at B=8: fp8 253 -> 212 us, kivi2 808 -> 675 us) and 3 pipeline stages.
 QUANT_TARGET = 16 * NUM_SMS
 QUANT_STAGES = 3
+NARROW_QK = False  # 8-bit tensor-core dots: off until measured faster on the H200
+NARROW_PV = False
+JOIN_VALUES = False  # KIVI: one interleaved value tile per key tile; off until measured faster
 
 
 def _pow2_at_least(x, lo):
@@ -56,9 +59,19 @@ def _value_c(spec):
   return 1.0
 
 
+def _narrow_ok(spec):
+  """8-bit x 8-bit tensor-core dots exist for e4m3 and int8 codes (not e5m2: 2 mantissa bits)."""
+  return ((isinstance(spec, FP8Spec) and spec.dtype == "e4m3")
+          or (isinstance(spec, IntSpec) and spec.bits == 8))
+
+
 def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, block=None,
-             softcap=None):
-  """The static kernel plan for `cache`, or NotImplementedError."""
+             softcap=None, narrow_qk=None, narrow_pv=None, join_values=None):
+  """The static kernel plan for `cache`, or NotImplementedError.
+
+  narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
+  codes (the other operand split in two 8-bit terms); None = the measured default.
+  """
   fmt = cache.fmt
   if fmt.sink:
     raise NotImplementedError(f"pallas_gpu: full-precision sink tokens (sink={fmt.sink})")
@@ -83,7 +96,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
     if cache.k.block != r or (cache.v.block not in (0, h)):
       raise NotImplementedError("pallas_gpu: unexpected KIVI packing blocks")
     ns = num_splits or default_splits(b, kh, s // r, QUANT_TARGET)
-    return plan.__class__(**{**plan.__dict__, "num_splits": ns})
+    join = (JOIN_VALUES if join_values is None else join_values) and plan.value_unit(h) == h * vs.bits // 8
+    return plan.__class__(**{**plan.__dict__, "num_splits": ns, "join_values": bool(join)})
   kk, vk = _kind(fmt.key, "key"), _kind(fmt.value, "value")
   for spec, role in ((fmt.key, "key"), (fmt.value, "value")):
     if isinstance(spec, IntSpec) and spec.bits == 4 and cache.__getattribute__(role[0]).block != h:
@@ -94,12 +108,15 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       raise NotImplementedError(f"pallas_gpu: capacity {s} not a multiple of 16")
   ns = num_splits or default_splits(
       b, kh, s // block, 4 * NUM_SMS if kk == vk == "bf16" else QUANT_TARGET)
+  narrow_qk = NARROW_QK if narrow_qk is None else narrow_qk
+  narrow_pv = NARROW_PV if narrow_pv is None else narrow_pv
   return decode.FlatPlan(
       key_kind=kk, value_kind=vk,
       key_scaled=isinstance(fmt.key, (FP8Spec, IntSpec)) and not getattr(fmt.key, "static", False),
       value_scaled=isinstance(fmt.value, (FP8Spec, IntSpec)) and not getattr(fmt.value, "static", False),
       value_c=_value_c(fmt.value), num_queries=num_queries, rows=rows, block=block,
-      num_splits=ns, softcap=softcap)
+      num_splits=ns, softcap=softcap, narrow_qk=bool(narrow_qk) and _narrow_ok(fmt.key),
+      narrow_pv=bool(narrow_pv) and _narrow_ok(fmt.value))
 
 
 def _per_token(scale, b, kh, s):
@@ -110,10 +127,14 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
   """Runs the kernel for `plan`; returns per-split (o, m, l). The Mosaic-replaceable seam."""
   b, kh, s = cache.batch, cache.num_kv_heads, cache.capacity
   if isinstance(plan, decode.KiviPlan):
-    return decode.kivi_decode(
+    o, m, l = decode.kivi_decode(
         q, cache.lengths, cache.k.codes, cache.k.scale, cache.k.zero, cache.v.codes,
         cache.v.scale, cache.v.zero, cache.k_res, cache.v_res, plan=plan,
         num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+    if plan.join_values:  # quantized splits hold joined columns; the residual split is in order
+      order = jnp.argsort(jnp.asarray(plan.joined_channel_order(cache.head_dim)))
+      o = jnp.concatenate([o[:, :, :-1][..., order], o[:, :, -1:]], axis=2)
+    return o, m, l
   ksc = _per_token(cache.k.scale, b, kh, s) if plan.key_scaled else None
   vsc = _per_token(cache.v.scale, b, kh, s) if plan.value_scaled else None
   return decode.flat_decode(q, cache.lengths, cache.k.codes, cache.v.codes, ksc, vsc, plan=plan,
@@ -122,7 +143,7 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
                      interpret=None, num_splits=None, block=None, num_warps=None,
-                     num_stages=None):
+                     num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`)."""
   if window is not None:
@@ -141,7 +162,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   if rows > MAX_ROWS:
     raise NotImplementedError(f"pallas_gpu: {rows} query rows per KV head > {MAX_ROWS}")
   m_rows = _pow2_at_least(rows, 16)
-  plan = plan_for(cache, t, rows, num_splits=num_splits, block=block, softcap=logit_softcap)
+  plan = plan_for(cache, t, rows, num_splits=num_splits, block=block, softcap=logit_softcap,
+                  narrow_qk=narrow_qk, narrow_pv=narrow_pv, join_values=join_values)
   fmt = cache.fmt
   sm = h ** -0.5 if sm_scale is None else sm_scale
   qs = q.astype(jnp.float32).reshape(bq, kh, rows, h) * (sm if logit_softcap else sm * decode.LOG2E)
