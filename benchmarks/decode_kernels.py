@@ -368,8 +368,10 @@ def _check_one(tb, f, opts):
   return worst
 
 
-def sweep_grid(f):
+def sweep_grid(f, variants_only=False):
   """Kernel options tried per format at B=8, 32k (--sweep); the first entry is the default."""
+  if variants_only:
+    return [{}] + list(VARIANTS.get(f, ()))
   if f.startswith("kivi"):
     return [dict(n, num_stages=st, num_splits=sp) for n in ({},) + VARIANTS.get(f, ())
             for sp in (None, 64) for st in (3, 2)]
@@ -393,6 +395,8 @@ def main():
   ap.add_argument("--stream-gb", type=float, default=4.0)
   ap.add_argument("--max-bf16-gb", type=float, default=20.0, help="skip configs whose bf16 cache is larger")
   ap.add_argument("--sweep", default="", help="formats to sweep kernel options for (B=8, 32k)")
+  ap.add_argument("--sweep-variants-only", action="store_true",
+                  help="sweep only the kernel variants (default tiling), not stages/splits")
   ap.add_argument("--sweep-batch", type=int, default=8)
   ap.add_argument("--sweep-context", type=int, default=32768)
   ap.add_argument("--tune", action="store_true",
@@ -425,7 +429,7 @@ def main():
   tuned = {}
   for f in filter(None, args.sweep.split(",")):
     best = None
-    for o in sweep_grid(f):
+    for o in sweep_grid(f, args.sweep_variants_only):
       variant = opts_name(f, o)
       if meta.get("check_worst_rel_err", {}).get(variant, 0.0) >= 1e-2:
         log(f"sweep {o}: skipped, {variant} failed the check")
