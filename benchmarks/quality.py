@@ -96,7 +96,10 @@ def main(argv=None):
   p.add_argument("--implementation", default=None, help="decode backend, e.g. xla or pallas_gpu")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="benchmarks/results/quality.json")
+  p.add_argument("--merge", nargs="*", help="join result files into --out, re-plot, summarize; no model")
   args = p.parse_args(argv)
+  if args.merge is not None:
+    return merge(args.merge, args.out)
   model, tok = reference_lm.load()
   held = np.load(os.path.join(reference_lm.CHECKPOINT_DIR, "heldout_tokens.npy")).astype(np.int32)
   names = args.formats.split(",")
@@ -159,16 +162,71 @@ def write(args, argv, calib_info, t0, rows):
     json.dump(result, f, indent=1)
 
 
+def merge(paths, out):
+  """Joins runs (later files win per format/task/context), plots, prints the verdicts."""
+  rows, runs = {}, []
+  for pth in paths:
+    with open(pth) as f:
+      d = json.load(f)
+    runs.append({k: d[k] for k in ("command", "samples", "tail", "calibration", "device", "seconds")})
+    for r in d["rows"]:
+      rows[(r["format"], r["task"], r["context"])] = r
+  rows = sorted(rows.values(), key=lambda r: (r["context"], r["task"], FORMATS.index(r["format"])
+                                              if r["format"] in FORMATS else 99))
+  result = {"model": "kvjax/assets/reference_lm", "runs": runs, "verdicts": verdicts(rows), "rows": rows}
+  with open(out, "w") as f:
+    json.dump(result, f, indent=1)
+  plot(rows, os.path.splitext(out)[0])
+  for line in summary_lines(rows, result["verdicts"]):
+    print(line)
+
+
+TARGETS = {"fp8_e4m3_calibrated": 0.2, "kivi4": 0.5, "kivi2": 3.0}  # max ppl increase, % (issue 6)
+
+
+def verdicts(rows):
+  """Per context: ppl change vs bf16 (%) and retrieval as a fraction of bf16, per format."""
+  out = {}
+  for r in rows:
+    v = out.setdefault(str(r["context"]), {}).setdefault(r["format"], {})
+    if r["task"] == "ppl":
+      v["ppl_pct"] = round(100 * (r["value"] / r["bf16_value"] - 1), 2)
+    elif r["bf16_value"]:
+      v[r["task"] + "_vs_bf16"] = round(r["value"] / r["bf16_value"], 3)
+  return out
+
+
+def summary_lines(rows, ver):
+  ctxs = sorted({r["context"] for r in rows})
+  names = [n for n in FORMATS if any(r["format"] == n for r in rows)]
+  yield "format               " + " ".join(f"{'ppl%@' + str(c):>10} {'rec@' + str(c):>9} {'pk@' + str(c):>8}"
+                                          for c in ctxs)
+  for n in names:
+    cells = []
+    for c in ctxs:
+      v = ver.get(str(c), {}).get(n, {})
+      cells.append(f"{v.get('ppl_pct', float('nan')):>+10.2f} {v.get('recall_vs_bf16', float('nan')):>9.3f} "
+                   f"{v.get('passkey_vs_bf16', float('nan')):>8.3f}")
+    yield f"{n:20s} " + " ".join(cells)
+  for n, lim in TARGETS.items():
+    worst = max((v[n]["ppl_pct"] for v in ver.values() if n in v and "ppl_pct" in v[n]), default=None)
+    if worst is not None:
+      yield f"target {n}: ppl within {lim}% of bf16 at every context: {'MET' if worst <= lim else 'MISSED'} (worst {worst:+.2f}%)"
+
+
 def plot(rows, stem):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   tasks_ = sorted({r["task"] for r in rows})
   fig, axes = plt.subplots(1, len(tasks_), figsize=(5 * len(tasks_), 4), squeeze=False)
+  names = list(dict.fromkeys(r["format"] for r in rows))
+  colors = plt.cm.tab20(np.arange(len(names)) % 20)
   for ax, task in zip(axes[0], tasks_):
-    for name in dict.fromkeys(r["format"] for r in rows):
+    for i, name in enumerate(names):
       pts = sorted((r["context"], r["value"]) for r in rows if r["task"] == task and r["format"] == name)
-      ax.plot(*zip(*pts), marker="o", label=name)
+      ax.plot(*zip(*pts), marker="os^vD<>"[i % 7], color=colors[i], label=name,
+              linestyle="-" if i % 2 == 0 else "--")
     ax.set_xscale("log", base=2)
     ax.set_title(task)
     ax.set_xlabel("context (tokens)")
