@@ -319,8 +319,9 @@ def torch_row(b, ctx, reps):
 
 
 NARROW = (dict(narrow_qk=True), dict(narrow_qk=True, narrow_pv=True))
-JOIN = (dict(join_values=True),)
-VARIANTS = {"fp8_e4m3": NARROW, "int8": NARROW, "kivi2": JOIN, "kivi2_g128": JOIN}
+JOIN = (dict(join_values=True), dict(tile_loop=True), dict(tile_loop=True, join_values=True))
+VARIANTS = {"fp8_e4m3": NARROW, "int8": NARROW, "kivi2": JOIN, "kivi2_g128": JOIN,
+            "kivi4": (dict(tile_loop=True),)}
 # ^ kernel options checked (--check) and swept (--sweep) beside the defaults
 
 
@@ -328,7 +329,7 @@ def opts_name(f, o):
   return f + "".join(f"+{k}" for k, v in sorted(o.items()) if v is True)
 
 
-def check_all(log, names=None):
+def check_all(log, names=None, quick=False):
   """Worst relative error vs the XLA reference per format (and per option variant)."""
   from pallas_kernels import test_base as tb
   worst = {}
@@ -336,7 +337,7 @@ def check_all(log, names=None):
     for o in ({},) + VARIANTS.get(f, ()):
       name = opts_name(f, o)
       try:
-        worst[name] = _check_one(tb, f, o)
+        worst[name] = _check_one(tb, f, o, quick)
       except Exception as e:  # a variant that does not compile is reported, not fatal
         log(f"check {name} failed: {repr(e)[:300]}")
         worst[name] = float("inf")
@@ -345,9 +346,11 @@ def check_all(log, names=None):
   return worst
 
 
-def _check_one(tb, f, opts):
+def _check_one(tb, f, opts, quick=False):
   worst = 0.0
   cases = [(L, t, 4, 2) for L in tb.LENGTHS.values() for t in (1, 3)] + [([5, 200], 1, 8, 1)]
+  if quick:  # 2 kernel shapes: the ragged batch (0, 1, windows empty/partial/full) with T = 3
+    cases = [(tb.LENGTHS["ragged"], 3, 4, 2)]
   for L, t, rep, kh in cases:
     q, c = tb.make_case(f, L, num_queries=t, rep=rep, num_kv_heads=kh, seed=len(L) + t)
     ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
@@ -392,6 +395,7 @@ def main():
   ap.add_argument("--reps", type=int, default=5)
   ap.add_argument("--check", action="store_true")
   ap.add_argument("--check-formats", default="", help="formats to --check (default: all)")
+  ap.add_argument("--check-quick", action="store_true", help="--check on 2 kernel shapes per variant")
   ap.add_argument("--stream-gb", type=float, default=4.0)
   ap.add_argument("--max-bf16-gb", type=float, default=20.0, help="skip configs whose bf16 cache is larger")
   ap.add_argument("--sweep", default="", help="formats to sweep kernel options for (B=8, 32k)")
@@ -413,7 +417,8 @@ def main():
 
   meta = {"device": str(jax.devices()[0]), "jax": jax.__version__}
   if args.check:
-    meta["check_worst_rel_err"] = check_all(log, [f for f in args.check_formats.split(",") if f])
+    meta["check_worst_rel_err"] = check_all(log, [f for f in args.check_formats.split(",") if f],
+                                            args.check_quick)
   tb = stream_tbps(args.reps, args.stream_gb)
   meta["stream_tbps"] = tb
   log(f"stream {tb:.2f} TB/s")

@@ -113,12 +113,20 @@ def test_two_term_split_is_bf16_accurate(dtype):
   assert float(jnp.abs(y[3]).max()) == 0.0
 
 
-@pytest.mark.parametrize("fmt_name", ["kivi2", "kivi2_g128"])
-def test_joined_value_tiles_match_reference(fmt_name):
+KIVI_VARIANTS = [("kivi2", {"join_values": True}), ("kivi2_g128", {"join_values": True}),
+                 ("kivi2", {"tile_loop": True}), ("kivi4", {"tile_loop": True}),
+                 ("kivi2_g128", {"tile_loop": True, "join_values": True, "num_splits": 3})]
+
+
+@pytest.mark.parametrize("fmt_name,opts", KIVI_VARIANTS,
+                         ids=[f + "".join(f"+{k}" for k in o) for f, o in KIVI_VARIANTS])
+def test_kivi_variants_match_reference(fmt_name, opts):
+  # lengths: empty, one token (window only), a window just flushed, partial windows, full
   q, c = test_base.make_case(fmt_name, [0, 1, 127, 130, test_base.CAPACITY], num_queries=3)
-  assert ops.plan_for(c, 3, 12, join_values=True).join_values
+  plan = ops.plan_for(c, 3, 12, **opts)
+  assert all(getattr(plan, k) == v for k, v in opts.items())
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
-  out = np.asarray(ops.decode_attention(q, c, interpret=INTERPRET, join_values=True), np.float32)
+  out = np.asarray(ops.decode_attention(q, c, interpret=INTERPRET, **opts), np.float32)
   assert np.abs(out[0]).max() == 0.0
   assert test_base.relative_error(out[2:], ref[2:]) < 1e-2
 

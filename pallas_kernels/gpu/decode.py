@@ -263,6 +263,7 @@ class KiviPlan:
   num_splits: int     # splits over the quantized region; +1 program for the residual
   softcap: float | None = None
   join_values: bool = False  # one [u, H] value tile per key tile (planes interleaved), one dot
+  tile_loop: bool = False    # loop over u-token tiles instead of unrolling each R-block (~4x less code)
 
   @property
   def key_unit(self):  # tokens per key tile: one plane of a byte-row chunk, within one group
@@ -287,29 +288,33 @@ def _interleave(tiles):
   return tiles[0]
 
 
-def _kivi_key_logits(q16, k_ref, ks_ref, kz_ref, t0, plan: KiviPlan):
-  """Logits of the quantized keys of the R-block at token t0 (multiple of R).
-
-  Each [u, H] key tile is dequantized in registers, ``code * s_g + m_g`` in
-  fp16 (u <= G: one key group per tile), and dotted with the fixed fp16 query,
-  so the query operand is laid out for the tensor cores once per program.
-  Returns a list of (token offset in block, [M, u] logits), u = key_unit.
-  """
-  r, bits, g = plan.residual, plan.key_bits, plan.key_group
+def _kivi_key_tile(q16, k_ref, ks_ref, kz_ref, t0, plane, chunk, plan: KiviPlan):
+  """[M, u] logits of one key tile: tokens ``t0 + plane * R/n + chunk * u ...`` of the R-block at
+  t0 (plane and chunk may be traced). The [u, H] tile is dequantized in registers, ``code * s_g +
+  m_g`` in fp16 (u <= G: one key group per tile), and dotted with the fixed fp16 query, so the
+  query operand is laid out for the tensor cores once per program."""
+  bits, u = plan.key_bits, plan.key_unit
   n = 8 // bits
-  rows_per_plane = r // n
+  rows_per_plane = plan.residual // n
+  byte_rows = k_ref[pl.ds(t0 // n + chunk * u, u), :]  # [u, H] uint8
+  gi = (t0 + plane * rows_per_plane + chunk * u) // plan.key_group
+  sc = ks_ref[pl.ds(gi, 1), :].astype(jnp.float16)  # [1, H]
+  zr = kz_ref[pl.ds(gi, 1), :].astype(jnp.float16)
+  shift = plane * bits
+  if not isinstance(shift, int):
+    shift = shift.astype(jnp.uint8)
+  kf = _u4_to_f16((byte_rows >> shift) & ((1 << bits) - 1), 0) * sc + zr
+  return _dot(q16, kf, trans_b=True)
+
+
+def _kivi_key_logits(q16, k_ref, ks_ref, kz_ref, t0, plan: KiviPlan):
+  """Logits of the quantized keys of the R-block at token t0 (multiple of R), every tile
+  unrolled: a sorted list of (token offset in block, [M, u] logits)."""
+  n = 8 // plan.key_bits
+  rows_per_plane = plan.residual // n
   u = plan.key_unit
-  mask = (1 << bits) - 1
-  out = []
-  for j in range(rows_per_plane // u):
-    byte_rows = k_ref[pl.ds(t0 // n + j * u, u), :]  # [u, H] uint8
-    for i in range(n):
-      off = i * rows_per_plane + j * u
-      gi = (t0 + off) // g
-      sc = ks_ref[pl.ds(gi, 1), :].astype(jnp.float16)  # [1, H]
-      zr = kz_ref[pl.ds(gi, 1), :].astype(jnp.float16)
-      kf = _u4_to_f16((byte_rows >> (i * bits)) & mask, 0) * sc + zr
-      out.append((off, _dot(q16, kf, trans_b=True)))
+  out = [(i * rows_per_plane + j * u, _kivi_key_tile(q16, k_ref, ks_ref, kz_ref, t0, i, j, plan))
+         for j in range(rows_per_plane // u) for i in range(n)]
   return sorted(out, key=lambda x: x[0])
 
 
@@ -345,12 +350,39 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
   l0 = jnp.zeros((m_rows,), jnp.float32)
   n_vcols = cpp // wv
   n_vunits = nv * n_vcols
+  tiles_per_block = r // u
+  rows_per_plane = r * plan.key_bits // 8
 
   @pl.when(split < ns)
   def _quantized():
     lv = jnp.maximum(length - r, 0)  # tokens with quantized values (and keys)
 
-    def body(bi, carry):
+    def values(accs, p, tu):
+      """accs += p [M, u] times the dequantized values of tokens tu .. tu + u."""
+      p16 = p.astype(jnp.float16)
+      sz = {}
+
+      def vscale(grp):  # per-token scale and zero of a channel group: [u, 1] fp16
+        if grp not in sz:
+          sz[grp] = (vs_ref[pl.ds(tu, u), pl.ds(grp, 1)].astype(jnp.float16),
+                     vz_ref[pl.ds(tu, u), pl.ds(grp, 1)].astype(jnp.float16))
+        return sz[grp]
+
+      for jc in range(n_vcols):
+        vb = v_ref[pl.ds(tu, u), pl.ds(jc * wv, wv)]  # [u, wv] uint8
+        tiles = []
+        for iv in range(nv):
+          c0 = iv * cpp + jc * wv
+          sc, zr = vscale(c0 // gv)
+          tiles.append(_u4_to_f16((vb >> (iv * plan.value_bits)) & vmask, 0) * sc + zr)
+        if plan.join_values:
+          accs[0] = accs[0] + _dot(p16, _interleave(tiles))
+        else:
+          for iv, vf in enumerate(tiles):
+            accs[iv * n_vcols + jc] = accs[iv * n_vcols + jc] + _dot(p16, vf)
+      return accs
+
+    def block_body(bi, carry):  # one R-block, every tile unrolled
       accs, m_prev, l_prev = carry
       t0 = bi * r
       logits = _kivi_key_logits(q16, k_ref, ks_ref, kz_ref, t0, plan)
@@ -359,31 +391,25 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
       ps, m_new, l_new, alpha = _softmax_update([s for _, s in logits], masks, m_prev, l_prev)
       accs = [a * alpha[:, None] for a in accs]
       for (off, _), p in zip(logits, ps):
-        tu = t0 + off
-        p16 = p.astype(jnp.float16)
-        sz = {}
-
-        def vscale(grp):  # per-token scale and zero of a channel group: [u, 1] fp16
-          if grp not in sz:
-            sz[grp] = (vs_ref[pl.ds(tu, u), pl.ds(grp, 1)].astype(jnp.float16),
-                       vz_ref[pl.ds(tu, u), pl.ds(grp, 1)].astype(jnp.float16))
-          return sz[grp]
-
-        for jc in range(n_vcols):
-          vb = v_ref[pl.ds(tu, u), pl.ds(jc * wv, wv)]  # [u, wv] uint8
-          tiles = []
-          for iv in range(nv):
-            c0 = iv * cpp + jc * wv
-            sc, zr = vscale(c0 // gv)
-            tiles.append(_u4_to_f16((vb >> (iv * plan.value_bits)) & vmask, 0) * sc + zr)
-          if plan.join_values:
-            accs[0] = accs[0] + _dot(p16, _interleave(tiles))
-          else:
-            for iv, vf in enumerate(tiles):
-              accs[iv * n_vcols + jc] = accs[iv * n_vcols + jc] + _dot(p16, vf)
+        accs = values(accs, p, t0 + off)
       return accs, m_new, l_new
 
-    lo, n = _split_range(lv, r, ns, split)
+    def tile_body(ti, carry):  # one key tile of u tokens (plane and chunk traced): a smaller program
+      accs, m_prev, l_prev = carry
+      bi = ti // tiles_per_block
+      t0 = bi * r
+      off = (ti - bi * tiles_per_block) * u  # (no traced %: it does not lower to Triton here)
+      plane = off // rows_per_plane
+      s = _kivi_key_tile(q16, k_ref, ks_ref, kz_ref, t0, plane,
+                         (off - plane * rows_per_plane) // u, plan)
+      (p,), m_new, l_new, alpha = _softmax_update([_finish_logits(s, plan.softcap)],
+                                                  [(t0 + off + tok) < lv], m_prev, l_prev)
+      return values([a * alpha[:, None] for a in accs], p, t0 + off), m_new, l_new
+
+    if plan.tile_loop:
+      body, (lo, n) = tile_body, _split_range(lv, u, ns, split)
+    else:
+      body, (lo, n) = block_body, _split_range(lv, r, ns, split)
     if plan.join_values:  # columns in joined_channel_order; ops un-permutes after the kernel
       accs = [jnp.zeros((m_rows, h), jnp.float32)]
     else:
@@ -400,22 +426,38 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
     rem = length % r
     lq = length - rem
     tb = jnp.maximum(lq - r, 0)
-    qlog = _kivi_key_logits(q16, k_ref, ks_ref, kz_ref, tb, plan)
     qb = qf.astype(jnp.bfloat16)
-    parts, masks = [], []
-    for off, sq in qlog:
-      kr = kr_ref[pl.ds(off, u), :]
-      sr = _dot(qb, kr.astype(jnp.bfloat16), trans_b=True)
+
+    def slot_logits(off, sq):
+      """Ring slots off .. off + u: the full-precision key where written this block, else the
+      quantized key of the last full block (token lq - r + slot)."""
+      sr = _dot(qb, kr_ref[pl.ds(off, u), :].astype(jnp.bfloat16), trans_b=True)
       slot = off + tok
       use_res = slot < rem
       t = jnp.where(use_res, lq + slot, lq - r + slot)
-      parts.append(_finish_logits(jnp.where(use_res, sr, sq), plan.softcap))
-      masks.append((t >= 0) & (t <= qpos))
-    ps, m, l, _ = _softmax_update(parts, masks, m0, l0)
+      return _finish_logits(jnp.where(use_res, sr, sq), plan.softcap), (t >= 0) & (t <= qpos)
+
+    def pv(off, p):
+      return _dot(p.astype(jnp.bfloat16), vr_ref[pl.ds(off, u), :].astype(jnp.bfloat16))
+
     acc = jnp.zeros((m_rows, h), jnp.float32)
-    for (off, _), p in zip(qlog, ps):
-      vr = vr_ref[pl.ds(off, u), :].astype(jnp.bfloat16)
-      acc = acc + _dot(p.astype(jnp.bfloat16), vr)
+    if plan.tile_loop:  # online softmax over the ring's tiles
+      def step(w, carry):
+        acc, m_prev, l_prev = carry
+        off = w * u
+        plane = off // rows_per_plane
+        sq = _kivi_key_tile(q16, k_ref, ks_ref, kz_ref, tb, plane,
+                            (off - plane * rows_per_plane) // u, plan)
+        s_, mk = slot_logits(off, sq)
+        (p,), m_new, l_new, alpha = _softmax_update([s_], [mk], m_prev, l_prev)
+        return acc * alpha[:, None] + pv(off, p), m_new, l_new
+      acc, m, l = lax.fori_loop(0, tiles_per_block, step, (acc, m0, l0))
+    else:
+      qlog = _kivi_key_logits(q16, k_ref, ks_ref, kz_ref, tb, plan)
+      parts, masks = zip(*[slot_logits(off, sq) for off, sq in qlog])
+      ps, m, l, _ = _softmax_update(list(parts), list(masks), m0, l0)
+      for (off, _), p in zip(qlog, ps):
+        acc = acc + pv(off, p)
     _store_state(o_ref, m_ref, l_ref, [(0, acc)], m, l, plan.rows)
 
 

@@ -28,6 +28,7 @@ QUANT_STAGES = 3
 NARROW_QK = False  # 8-bit tensor-core dots: off until measured faster on the H200
 NARROW_PV = False
 JOIN_VALUES = False  # KIVI: one interleaved value tile per key tile; off until measured faster
+TILE_LOOP = False    # KIVI: loop over key tiles (smaller program, faster compile); off until timed
 
 
 def _pow2_at_least(x, lo):
@@ -66,7 +67,7 @@ def _narrow_ok(spec):
 
 
 def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, block=None,
-             softcap=None, narrow_qk=None, narrow_pv=None, join_values=None):
+             softcap=None, narrow_qk=None, narrow_pv=None, join_values=None, tile_loop=None):
   """The static kernel plan for `cache`, or NotImplementedError.
 
   narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
@@ -97,7 +98,9 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       raise NotImplementedError("pallas_gpu: unexpected KIVI packing blocks")
     ns = num_splits or default_splits(b, kh, s // r, QUANT_TARGET)
     join = (JOIN_VALUES if join_values is None else join_values) and plan.value_unit(h) == h * vs.bits // 8
-    return plan.__class__(**{**plan.__dict__, "num_splits": ns, "join_values": bool(join)})
+    loop = TILE_LOOP if tile_loop is None else tile_loop
+    return plan.__class__(**{**plan.__dict__, "num_splits": ns, "join_values": bool(join),
+                             "tile_loop": bool(loop)})
   kk, vk = _kind(fmt.key, "key"), _kind(fmt.value, "value")
   for spec, role in ((fmt.key, "key"), (fmt.value, "value")):
     if isinstance(spec, IntSpec) and spec.bits == 4 and cache.__getattribute__(role[0]).block != h:
@@ -143,7 +146,8 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
                      interpret=None, num_splits=None, block=None, num_warps=None,
-                     num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None):
+                     num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None,
+                     tile_loop=None):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`)."""
   if window is not None:
@@ -163,7 +167,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
     raise NotImplementedError(f"pallas_gpu: {rows} query rows per KV head > {MAX_ROWS}")
   m_rows = _pow2_at_least(rows, 16)
   plan = plan_for(cache, t, rows, num_splits=num_splits, block=block, softcap=logit_softcap,
-                  narrow_qk=narrow_qk, narrow_pv=narrow_pv, join_values=join_values)
+                  narrow_qk=narrow_qk, narrow_pv=narrow_pv, join_values=join_values,
+                  tile_loop=tile_loop)
   fmt = cache.fmt
   sm = h ** -0.5 if sm_scale is None else sm_scale
   qs = q.astype(jnp.float32).reshape(bq, kh, rows, h) * (sm if logit_softcap else sm * decode.LOG2E)
