@@ -132,9 +132,9 @@ def test_kivi_variants_match_reference(fmt_name, opts):
 
 
 def test_interleave_order():
-  from pallas_kernels.gpu import decode
+  from pallas_kernels.gpu import kivi
   tiles = [jnp.full((2, 3), i, jnp.float32) + 10 * jnp.arange(3.0) for i in range(4)]
-  got = np.asarray(decode._interleave(tiles))
+  got = np.asarray(kivi._interleave(tiles))
   np.testing.assert_array_equal(got[0], [i + 10 * c for c in range(3) for i in range(4)])
   plan = ops.plan_for(test_base.make_case("kivi2", [5])[1], 1, 4)
   assert sorted(plan.joined_channel_order(128)) == list(range(128))

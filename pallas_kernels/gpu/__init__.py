@@ -1,7 +1,8 @@
 """Pallas GPU (Triton lowering) fused dequantize+attend decode kernels for kvjax.
 
 Importing registers the "pallas_gpu" implementation with `kvjax.dispatch`.
-Files: `decode.py` (kernels + split merge), `ops.py` (cache -> kernel plan,
+Files: `decode.py` (per-token kernels, the shared skeleton, split merge), `kivi.py`
+(the KIVI kernel), `ops.py` (cache -> kernel plan,
 the `backend_call` seam a Mosaic GPU version can replace), `write.py` (the
 in-place, donated append path).
 """

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from kvjax.cache import KVCache
-from kvjax.formats import FP8Spec, IntSpec, KIVISpec, Passthrough
-from pallas_kernels.gpu import decode
+from kvjax.formats import FP8Spec, IntSpec, Passthrough
+from pallas_kernels.gpu import decode, kivi
 
 __all__ = ["decode_attention", "plan_for", "default_splits"]
 
@@ -86,7 +86,7 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       raise NotImplementedError("pallas_gpu: KIVI residual_dtype must be bfloat16")
     if num_queries > r:
       raise NotImplementedError(f"pallas_gpu: {num_queries} query tokens > residual {r}")
-    plan = decode.KiviPlan(key_bits=ks.bits, key_group=ks.group_size, value_bits=vs.bits,
+    plan = kivi.KiviPlan(key_bits=ks.bits, key_group=ks.group_size, value_bits=vs.bits,
                            value_group=vs.group_size, residual=r, num_queries=num_queries,
                            rows=rows, num_splits=1, softcap=softcap)
     ku, vu = plan.key_unit, plan.value_unit(h)
@@ -129,8 +129,8 @@ def _per_token(scale, b, kh, s):
 def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_stages=2):
   """Runs the kernel for `plan`; returns per-split (o, m, l). The Mosaic-replaceable seam."""
   b, kh, s = cache.batch, cache.num_kv_heads, cache.capacity
-  if isinstance(plan, decode.KiviPlan):
-    o, m, l = decode.kivi_decode(
+  if isinstance(plan, kivi.KiviPlan):
+    o, m, l = kivi.kivi_decode(
         q, cache.lengths, cache.k.codes, cache.k.scale, cache.k.zero, cache.v.codes,
         cache.v.scale, cache.v.zero, cache.k_res, cache.v_res, plan=plan,
         num_warps=num_warps, num_stages=num_stages, interpret=interpret)

@@ -1,0 +1,75 @@
+"""Kernel option variants for `decode_kernels.py`: which exist per format, the GPU correctness
+check of each against the XLA reference (--check), and the sweep grid (--sweep)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from kvjax import attention
+from pallas_kernels.gpu import ops
+
+N_HEADS, K_HEADS = 32, 8  # the benchmark's Llama-3-8B head shape
+
+NARROW = (dict(narrow_qk=True), dict(narrow_qk=True, narrow_pv=True))
+JOIN = (dict(join_values=True), dict(tile_loop=True), dict(tile_loop=True, join_values=True))
+VARIANTS = {"fp8_e4m3": NARROW, "int8": NARROW, "kivi2": JOIN, "kivi2_g128": JOIN,
+            "kivi4": (dict(tile_loop=True),)}
+# ^ kernel options checked (--check) and swept (--sweep) beside the defaults
+
+
+def opts_name(f, o):
+  return f + "".join(f"+{k}" for k, v in sorted(o.items()) if v is True)
+
+
+def check_all(log, names=None, quick=False):
+  """Worst relative error vs the XLA reference per format (and per option variant)."""
+  from pallas_kernels import test_base as tb
+  worst = {}
+  for f in names or tb.ALL_FORMATS:
+    for o in ({},) + VARIANTS.get(f, ()):
+      name = opts_name(f, o)
+      try:
+        worst[name] = _check_one(tb, f, o, quick)
+      except Exception as e:  # a variant that does not compile is reported, not fatal
+        log(f"check {name} failed: {repr(e)[:300]}")
+        worst[name] = float("inf")
+        continue
+      log(f"check {name:30s} worst rel err {worst[name]:.2e} {'OK' if worst[name] < 1e-2 else 'FAIL'}")
+  return worst
+
+
+def _check_one(tb, f, opts, quick=False):
+  worst = 0.0
+  cases = [(L, t, 4, 2) for L in tb.LENGTHS.values() for t in (1, 3)] + [([5, 200], 1, 8, 1)]
+  if quick:  # 2 kernel shapes: the ragged batch (0, 1, windows empty/partial/full) with T = 3
+    cases = [(tb.LENGTHS["ragged"], 3, 4, 2)]
+  for L, t, rep, kh in cases:
+    q, c = tb.make_case(f, L, num_queries=t, rep=rep, num_kv_heads=kh, seed=len(L) + t)
+    ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+    out = np.asarray(ops.decode_attention(q, c, **opts), np.float32)
+    assert np.isfinite(out).all(), f
+    for bi, l in enumerate(L):
+      e = (float(np.abs(out[bi]).max()) if l == 0 else
+           tb.relative_error(out[bi][:, max(0, t - l):], ref[bi][:, max(0, t - l):]))
+      worst = max(worst, e)
+  # a larger ragged case with the benchmark's head shape
+  L = [0, 1, 127, 128, 129, 1000, 2047, 2048]
+  q, c = tb.make_case(f, L, num_kv_heads=K_HEADS, rep=N_HEADS // K_HEADS, capacity=2048, seed=3)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+  out = np.asarray(ops.decode_attention(q, c, **opts), np.float32)
+  for bi, l in enumerate(L):
+    e = float(np.abs(out[bi]).max()) if l == 0 else tb.relative_error(out[bi], ref[bi])
+    worst = max(worst, e)
+  return worst
+
+
+def sweep_grid(f, variants_only=False):
+  """Kernel options tried per format at B=8, 32k (--sweep); the first entry is the default."""
+  if variants_only:
+    return [{}] + list(VARIANTS.get(f, ()))
+  if f.startswith("kivi"):
+    return [dict(n, num_stages=st, num_splits=sp) for n in ({},) + VARIANTS.get(f, ())
+            for sp in (None, 64) for st in (3, 2)]
+  return [dict(n, num_stages=st, num_splits=sp) for n in ({},) + VARIANTS.get(f, ())
+          for sp in (None, 64) for st in (3, 4)]
