@@ -330,7 +330,8 @@ def _max_batch(row, model, cfg, fmt, cap, context, b, steps, warm_steps, reps, t
   row["in_use_gib"] = None if in_use is None else in_use / GIB
   if peak is not None:
     row["overhead_gib"] = row["peak_gib"] - row["weights_gib"] - row["kv_gib"]
-  log(f"  b={b}: {row['tokens_per_s']:.0f} tok/s, step {step * 1e3:.2f} ms, "
+  tps = "timing noise" if noisy else f"{row['tokens_per_s']:.0f} tok/s"  # noise: step is NaN
+  log(f"  b={b}: {tps}, step {step * 1e3:.2f} ms, "
       f"peak {row['peak_gib'] if peak is None else round(row['peak_gib'], 2)} GiB")
   return row
 
