@@ -114,6 +114,13 @@ class DecodeAttentionTestBase:
     for t in self.NUM_QUERIES:
       self._check(fmt_name, [2, 130, 384], num_queries=t)
 
+  @pytest.mark.parametrize("fmt_name", ["fp8_e4m3", "kivi2"])
+  def test_sliding_window(self, fmt_name):
+    # Gemma's local layers: keys in (qpos - window, qpos]; windows inside one KIVI block, across
+    # the residual window, and T = 3 queries whose windows differ.
+    for t, w in ((1, 130), (3, 37)):
+      self._check(fmt_name, LENGTHS["ragged"], num_queries=t, window=w)
+
   @pytest.mark.parametrize("rep,num_kv_heads", [(1, 2), (8, 1)])
   def test_gqa_shapes(self, rep, num_kv_heads):
     self._check("kivi2", [5, 200], rep=rep, num_kv_heads=num_kv_heads)

@@ -70,8 +70,9 @@ def test_unsupported_falls_back_to_xla():
     out = dispatch.decode_attention(q, c, implementation=("pallas_gpu", "xla"), warn_on_fallback=True)
   ref = attention.decode_attention(q, c)
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32))
-  with pytest.raises(NotImplementedError):  # sliding window
-    ops.decode_attention(q, c, interpret=True, window=16)
+  with pytest.raises(ValueError, match="window"):
+    ops.decode_attention(test_base.make_case("int8", [5])[0], test_base.make_case("int8", [5])[1],
+                         interpret=True, window=0)
 
 
 def test_registered():

@@ -22,6 +22,7 @@ VARIANTS = [(f, {}) for f in test_base.ALL_FORMATS] + [
     ("kivi2", {"join_values": True}), ("kivi2", {"tile_loop": True}),
     ("kivi2", {"tile_loop": True, "join_values": True}), ("kivi4", {"tile_loop": True}),
     ("kivi2_g128", {"tile_loop": True, "join_values": True}),
+    ("fp8_e4m3", {"window": 64}), ("kivi2", {"window": 64}), ("kivi2", {"window": 64, "tile_loop": True}),
 ]
 
 

@@ -68,6 +68,7 @@ class FlatPlan:
   block: int          # tokens per iteration
   num_splits: int
   softcap: float | None = None
+  window: int | None = None  # sliding window (Gemma local layers): keys in (qpos - window, qpos]
   narrow_qk: bool = False  # q . k on the tensor cores in the cache's own 8-bit type (two-term q)
   narrow_pv: bool = False  # p . v likewise (two-term p * scale)
 
@@ -107,12 +108,26 @@ def _finish_logits(s, softcap):
   return s
 
 
-def _split_range(length, block, num_splits, split):
+def _split_range(length, block, num_splits, split, start=0):
+  """(first block, number of blocks) of `split`: blocks from the one holding `start` to the one
+  holding token length - 1, divided evenly among the splits."""
   nblk = pl.cdiv(length, block)
-  per = pl.cdiv(nblk, num_splits)
-  lo = split * per
+  b0 = start // block
+  per = pl.cdiv(jnp.maximum(nblk - b0, 0), num_splits)
+  lo = b0 + split * per
   hi = jnp.minimum(lo + per, nblk)
   return lo, jnp.maximum(hi - lo, 0)
+
+
+def _window_start(length, num_queries, window):
+  """First token any query row can see: the earliest query is at length - T."""
+  return 0 if window is None else jnp.maximum(length - num_queries - window + 1, 0)
+
+
+def _visible(pos, qpos, window):
+  """pos [1, n] tokens vs query positions qpos [M, 1]: causal, and within the sliding window."""
+  ok = pos <= qpos
+  return ok if window is None else ok & (pos > qpos - window)
 
 
 def _store_state(o_ref, m_ref, l_ref, acc_parts, m, l, rows):
@@ -165,7 +180,7 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
     if plan.key_scaled:
       s = s * ks_ref[pl.ds(t0, bs)].astype(jnp.float32)[None, :]
     s = _finish_logits(s, plan.softcap)
-    mask = (t0 + tok) <= qpos
+    mask = _visible(t0 + tok, qpos, plan.window)
     s = jnp.where(mask, s, NEG)
     m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))
     alpha = jnp.exp2(m_prev - m_new)
@@ -188,7 +203,8 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
     accs = tuple(a * alpha[:, None] + x for a, x in zip(accs, pv))
     return accs, m_new, l_new
 
-  lo, n = _split_range(length, bs, plan.num_splits, split)
+  lo, n = _split_range(length, bs, plan.num_splits, split,
+                       _window_start(length, plan.num_queries, plan.window))
   accs = tuple(jnp.zeros((m_rows, vw), jnp.float32) for _ in range(v_parts))
   m0 = jnp.full((m_rows,), NEG, jnp.float32)
   l0 = jnp.zeros((m_rows,), jnp.float32)

@@ -49,6 +49,7 @@ class KiviPlan:
   rows: int
   num_splits: int     # splits over the quantized region; +1 program for the residual
   softcap: float | None = None
+  window: int | None = None  # sliding window: keys in (qpos - window, qpos]
   join_values: bool = False  # one [u, H] value tile per key tile (planes interleaved), one dot
   tile_loop: bool = False    # loop over u-token tiles instead of unrolling each R-block (~4x less code)
 
@@ -144,6 +145,10 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
   def _quantized():
     lv = jnp.maximum(length - r, 0)  # tokens with quantized values (and keys)
 
+    def quantized_visible(pos):  # every query sees all of [0, lv) but for the sliding window
+      ok = pos < lv
+      return ok if plan.window is None else ok & (pos > qpos - plan.window)
+
     def values(accs, p, tu):
       """accs += p [M, u] times the dequantized values of tokens tu .. tu + u."""
       p16 = p.astype(jnp.float16)
@@ -174,7 +179,7 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
       t0 = bi * r
       logits = _kivi_key_logits(q16, k_ref, ks_ref, kz_ref, t0, plan)
       logits = [(off, base._finish_logits(s, plan.softcap)) for off, s in logits]
-      masks = [(t0 + off + tok) < lv for off, _ in logits]
+      masks = [quantized_visible(t0 + off + tok) for off, _ in logits]
       ps, m_new, l_new, alpha = _softmax_update([s for _, s in logits], masks, m_prev, l_prev)
       accs = [a * alpha[:, None] for a in accs]
       for (off, _), p in zip(logits, ps):
@@ -190,13 +195,14 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
       s = _kivi_key_tile(q16, k_ref, ks_ref, kz_ref, t0, plane,
                          (off - plane * rows_per_plane) // u, plan)
       (p,), m_new, l_new, alpha = _softmax_update([base._finish_logits(s, plan.softcap)],
-                                                  [(t0 + off + tok) < lv], m_prev, l_prev)
+                                                  [quantized_visible(t0 + off + tok)], m_prev, l_prev)
       return values([a * alpha[:, None] for a in accs], p, t0 + off), m_new, l_new
 
+    start = base._window_start(length, plan.num_queries, plan.window)
     if plan.tile_loop:
-      body, (lo, n) = tile_body, base._split_range(lv, u, ns, split)
+      body, (lo, n) = tile_body, base._split_range(lv, u, ns, split, start)
     else:
-      body, (lo, n) = block_body, base._split_range(lv, r, ns, split)
+      body, (lo, n) = block_body, base._split_range(lv, r, ns, split, start)
     if plan.join_values:  # columns in joined_channel_order; ops un-permutes after the kernel
       accs = [jnp.zeros((m_rows, h), jnp.float32)]
     else:
@@ -222,7 +228,7 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
       slot = off + tok
       use_res = slot < rem
       t = jnp.where(use_res, lq + slot, lq - r + slot)
-      return base._finish_logits(jnp.where(use_res, sr, sq), plan.softcap), (t >= 0) & (t <= qpos)
+      return base._finish_logits(jnp.where(use_res, sr, sq), plan.softcap), (t >= 0) & base._visible(t, qpos, plan.window)
 
     def pv(off, p):
       return base._dot(p.astype(jnp.bfloat16), vr_ref[pl.ds(off, u), :].astype(jnp.bfloat16))

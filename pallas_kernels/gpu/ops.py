@@ -67,7 +67,8 @@ def _narrow_ok(spec):
 
 
 def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, block=None,
-             softcap=None, narrow_qk=None, narrow_pv=None, join_values=None, tile_loop=None):
+             softcap=None, window=None, narrow_qk=None, narrow_pv=None, join_values=None,
+             tile_loop=None):
   """The static kernel plan for `cache`, or NotImplementedError.
 
   narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
@@ -88,7 +89,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       raise NotImplementedError(f"pallas_gpu: {num_queries} query tokens > residual {r}")
     plan = kivi.KiviPlan(key_bits=ks.bits, key_group=ks.group_size, value_bits=vs.bits,
                            value_group=vs.group_size, residual=r, num_queries=num_queries,
-                           rows=rows, num_splits=1, softcap=softcap)
+                           rows=rows, num_splits=1, softcap=softcap,
+                           window=None if window is None else int(window))
     ku, vu = plan.key_unit, plan.value_unit(h)
     if ku < 16 or ku & (ku - 1) or vu < 16 or vu & (vu - 1) or r > 256:
       raise NotImplementedError(
@@ -118,7 +120,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       key_scaled=isinstance(fmt.key, (FP8Spec, IntSpec)) and not getattr(fmt.key, "static", False),
       value_scaled=isinstance(fmt.value, (FP8Spec, IntSpec)) and not getattr(fmt.value, "static", False),
       value_c=_value_c(fmt.value), num_queries=num_queries, rows=rows, block=block,
-      num_splits=ns, softcap=softcap, narrow_qk=bool(narrow_qk) and _narrow_ok(fmt.key),
+      num_splits=ns, softcap=softcap, window=None if window is None else int(window),
+      narrow_qk=bool(narrow_qk) and _narrow_ok(fmt.key),
       narrow_pv=bool(narrow_pv) and _narrow_ok(fmt.value))
 
 
@@ -150,8 +153,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
                      tile_loop=None):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`)."""
-  if window is not None:
-    raise NotImplementedError("pallas_gpu: sliding window")
+  if window is not None and (int(window) != window or window < 1):
+    raise ValueError(f"window must be a positive integer or None, got {window!r}")
   if cache.num_layers is not None:
     raise NotImplementedError("pallas_gpu: stacked cache; pass one layer")
   if interpret is None:
@@ -167,7 +170,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
     raise NotImplementedError(f"pallas_gpu: {rows} query rows per KV head > {MAX_ROWS}")
   m_rows = _pow2_at_least(rows, 16)
   plan = plan_for(cache, t, rows, num_splits=num_splits, block=block, softcap=logit_softcap,
-                  narrow_qk=narrow_qk, narrow_pv=narrow_pv, join_values=join_values,
+                  window=window, narrow_qk=narrow_qk, narrow_pv=narrow_pv, join_values=join_values,
                   tile_loop=tile_loop)
   fmt = cache.fmt
   sm = h ** -0.5 if sm_scale is None else sm_scale
