@@ -202,6 +202,18 @@ def _write_per_token(old: QArray, new: QArray, pos: Array) -> QArray:
   return old.replace(codes=codes, scale=_scatter_tokens(old.scale, new.scale, pos), zero=zero)
 
 
+def _without_sinks(blocks: Array, first: Array, sink: int) -> Array:
+  """Key blocks [B, K, n, R, H] starting at token first[b] with the sink tokens (positions < sink,
+  read from their bf16 copy) replaced by the first non-sink token of their block, so an outlier
+  sink key does not widen its KIVI group's min/max for the tokens that are read quantized."""
+  r_len = blocks.shape[3]
+  start = first[:, None] + jnp.arange(blocks.shape[2])[None] * r_len  # [B, n] block starts
+  pos = start[..., None] + jnp.arange(r_len)  # [B, n, R]
+  src = jnp.clip(sink - start, 0, r_len - 1)  # row of the first non-sink token (or the last row)
+  repl = jnp.take_along_axis(blocks, src[:, None, :, None, None], axis=3)  # [B, K, n, 1, H]
+  return jnp.where((pos < sink)[:, None, :, :, None], repl, blocks)
+
+
 def _flush_keys(cache: KVCache, k_new: Array, count: Array):
   """KIVI keys: residual + new tokens; full R-blocks are quantized and stored."""
   fmt, r_len = cache.fmt, cache.fmt.residual
@@ -217,6 +229,8 @@ def _flush_keys(cache: KVCache, k_new: Array, count: Array):
   m = r + count
   full = m // r_len
   blocks = buf[:, :, : n_blocks * r_len].reshape(b, h, n_blocks, r_len, d)
+  if fmt.sink:
+    blocks = _without_sinks(blocks, lengths - r, fmt.sink)
   qb = quant.quantize(blocks.astype(jnp.float32), fmt.key, block=r_len)
   # Store block i at block index Lq / R + i when i < full; others dropped.
   n_stored = cache.capacity // r_len

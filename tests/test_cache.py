@@ -225,3 +225,21 @@ def test_sink_tokens_stay_full_precision(name):
     dispatch.decode_attention(q, full, implementation="pallas_gpu")
   with pytest.raises(NotImplementedError, match="sink"):
     tpu_plan.make_plan(q, full)
+
+
+def test_sink_tokens_do_not_widen_kivi_key_groups():
+  # An outlier first token (an attention sink in a real LLM) kept in bf16 must not set the
+  # quantization range of the other tokens of its key group.
+  fmt = formats.kivi(2, 32, 64, sink=2)
+  k, v = rand_kv(14, 128)
+  k = k.at[:, :, :2].multiply(100.0)
+  full = prefill(init_cache(fmt, B, K, S, H), k, v, jnp.full((B,), 128))
+  kh, _ = materialize(full)
+  plain = prefill(init_cache(formats.kivi(2, 32, 64), B, K, S, H), k.at[:, :, :2].set(k[:, :, 2:3]),
+                  v, jnp.full((B,), 128))
+  kp, _ = materialize(plain)
+  # tokens 2..31 (group 0) are quantized exactly as if the sink tokens were copies of token 2
+  np.testing.assert_array_equal(np.asarray(kh[:, :, 2:]), np.asarray(kp[:, :, 2:]))
+  err = np.abs(np.asarray(kh[:, :, 2:32]) - np.asarray(k[:, :, 2:32].astype(jnp.bfloat16), np.float32))
+  span = np.ptp(np.asarray(k[:, :, 2:32], np.float32), axis=2, keepdims=True)
+  assert (err <= span / 3 * 0.51 + 1e-2).all()  # half a 2-bit step of the group's own range
