@@ -7,14 +7,12 @@ ptxas still only run on a GPU) and bound the size of the KIVI programs, whose
 compile time grows with it.
 """
 
-import jax
 import pytest
 
 from pallas_kernels import test_base
-from pallas_kernels.gpu import ops
 
-gpu_info = pytest.importorskip("jax._src.pallas.triton.gpu_info")
-registration = pytest.importorskip("jax._src.pallas.triton.pallas_call_registration")
+pytest.importorskip("jax._src.pallas.triton.pallas_call_registration")
+from pallas_kernels.gpu import lowering_check  # noqa: E402
 
 VARIANTS = [(f, {}) for f in test_base.ALL_FORMATS] + [
     ("fp8_e4m3", {"narrow_qk": True}), ("fp8_e4m3", {"narrow_qk": True, "narrow_pv": True}),
@@ -26,29 +24,12 @@ VARIANTS = [(f, {}) for f in test_base.ALL_FORMATS] + [
 ]
 
 
-@pytest.fixture
-def triton_modules(monkeypatch):
-  """Lower for an H200 without one; collect the Triton modules' text."""
-  info = gpu_info._get_gpu_info_impl(gpu_info.GpuVersion.H200)
-  monkeypatch.setattr(registration.gpu_info_lib, "get_gpu_info", lambda: info)
-  modules = []
-  orig = registration.lowering.lower_jaxpr_to_triton_module
-
-  def keep(*a, **k):
-    out = orig(*a, **k)
-    modules.append(str(out.module.operation))
-    return out
-  monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep)
-  return modules
-
-
 @pytest.mark.parametrize("fmt_name,opts", VARIANTS, ids=[f + "".join(f"+{k}" for k in o) for f, o in VARIANTS])
-def test_lowers_to_triton(fmt_name, opts, triton_modules):
+def test_lowers_to_triton(fmt_name, opts):
   q, c = test_base.make_case(fmt_name, [300, 5], num_kv_heads=2, rep=4, num_queries=1)
-  fn = jax.jit(lambda q, c: ops.decode_attention(q, c, interpret=False, **opts))
-  fn.trace(q, c).lower(lowering_platforms=("cuda",))
-  assert len(triton_modules) == 1
-  ir = triton_modules[0]
+  modules = lowering_check.lower(q, c, **opts)
+  assert len(modules) == 1
+  ir = modules[0]
   dots = [line for line in ir.splitlines() if "tt.dot" in line]
   assert dots
   narrow = "xf8E4M3FN> * tensor<" if fmt_name.startswith("fp8") else "xi8> * tensor<"
@@ -58,3 +39,11 @@ def test_lowers_to_triton(fmt_name, opts, triton_modules):
     # The looped program is much smaller than the unrolled one (and compiles faster).
     limit = 130_000 if opts.get("tile_loop") else 400_000
     assert len(ir) < limit, len(ir)
+
+
+def test_patch_is_undone():
+  from jax._src.pallas.triton import pallas_call_registration as reg
+  before = reg.gpu_info_lib.get_gpu_info
+  with lowering_check.triton_modules():
+    assert reg.gpu_info_lib.get_gpu_info is not before
+  assert reg.gpu_info_lib.get_gpu_info is before
