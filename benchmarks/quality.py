@@ -95,6 +95,9 @@ def main(argv=None):
   p.add_argument("--chunk", type=int, default=2048)
   p.add_argument("--implementation", default=None, help="decode backend, e.g. xla or pallas_gpu")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--mixed-layers", default=None,
+                 help="kivi2_mixed: layers given KIVI-4 (e.g. '4,5' from an earlier run's calibration "
+                      "record), skipping the sensitivity pass")
   p.add_argument("--out", default="benchmarks/results/quality.json")
   p.add_argument("--merge", nargs="*", help="join result files into --out, re-plot, summarize; no model")
   args = p.parse_args(argv)
@@ -114,7 +117,13 @@ def main(argv=None):
     if name == "fp8_e4m3_calibrated":
       scales[name], calib_info[name] = evaluate.calibrate_model(model, cal_tokens, fmt_of(name),
                                                                 margin=2.0)
-    if name == "kivi2_mixed":  # per-layer bits from calibration sensitivity
+    if name == "kivi2_mixed" and args.mixed_layers is not None:  # an earlier run's assignment
+      hi = {int(i) for i in args.mixed_layers.split(",") if i != ""}
+      if not hi <= set(range(model.cfg.num_layers)):
+        raise ValueError(f"--mixed-layers must name layers in [0, {model.cfg.num_layers}), got {sorted(hi)}")
+      fmts[name] = tuple(fmt_of("kivi4") if i in hi else fmt_of("kivi2") for i in range(model.cfg.num_layers))
+      calib_info["kivi2_mixed"] = {"layers_kivi4": sorted(hi), "from": "--mixed-layers"}
+    elif name == "kivi2_mixed":  # per-layer bits from calibration sensitivity
       t1 = time.perf_counter()
       sens = mixed.layer_sensitivity(model, cal_tokens[:2], cal_ctx - args.tail, fmt_of("kivi2"),
                                      chunk=args.chunk)
