@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kvjax.cache import KVCache
 from kvjax.formats import FP8Spec, IntSpec, Passthrough
@@ -72,9 +73,12 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
   """The static kernel plan for `cache`, or NotImplementedError.
 
   narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
-  codes (the other operand split in two 8-bit terms); None = the measured default.
+  codes (the other operand split in two 8-bit terms). join_values: KIVI value planes interleaved
+  into one tile per key tile (needs a value group covering a whole plane). tile_loop: KIVI's loop
+  steps one key tile instead of one unrolled R-block. None = the module default (off until timed).
   """
   fmt = cache.fmt
+  window = None if window is None else int(window)
   if fmt.sink:
     raise NotImplementedError(f"pallas_gpu: full-precision sink tokens (sink={fmt.sink})")
   b, kh, s, h = cache.batch, cache.num_kv_heads, cache.capacity, cache.head_dim
@@ -90,7 +94,7 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
     plan = kivi.KiviPlan(key_bits=ks.bits, key_group=ks.group_size, value_bits=vs.bits,
                            value_group=vs.group_size, residual=r, num_queries=num_queries,
                            rows=rows, num_splits=1, softcap=softcap,
-                           window=None if window is None else int(window))
+                           window=window)
     ku, vu = plan.key_unit, plan.value_unit(h)
     if ku < 16 or ku & (ku - 1) or vu < 16 or vu & (vu - 1) or r > 256:
       raise NotImplementedError(
@@ -120,7 +124,7 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       key_scaled=isinstance(fmt.key, (FP8Spec, IntSpec)) and not getattr(fmt.key, "static", False),
       value_scaled=isinstance(fmt.value, (FP8Spec, IntSpec)) and not getattr(fmt.value, "static", False),
       value_c=_value_c(fmt.value), num_queries=num_queries, rows=rows, block=block,
-      num_splits=ns, softcap=softcap, window=None if window is None else int(window),
+      num_splits=ns, softcap=softcap, window=window,
       narrow_qk=bool(narrow_qk) and _narrow_ok(fmt.key),
       narrow_pv=bool(narrow_pv) and _narrow_ok(fmt.value))
 
@@ -138,7 +142,7 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
         cache.v.scale, cache.v.zero, cache.k_res, cache.v_res, plan=plan,
         num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     if plan.join_values:  # quantized splits hold joined columns; the residual split is in order
-      order = jnp.argsort(jnp.asarray(plan.joined_channel_order(cache.head_dim)))
+      order = np.argsort(plan.joined_channel_order(cache.head_dim))  # static inverse permutation
       o = jnp.concatenate([o[:, :, :-1][..., order], o[:, :, -1:]], axis=2)
     return o, m, l
   ksc = _per_token(cache.k.scale, b, kh, s) if plan.key_scaled else None
