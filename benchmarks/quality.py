@@ -106,6 +106,7 @@ def main(argv=None):
   model, tok = reference_lm.load()
   held = np.load(os.path.join(reference_lm.CHECKPOINT_DIR, "heldout_tokens.npy")).astype(np.int32)
   names = args.formats.split(",")
+  names = sorted(names, key=lambda n: n != "bf16")  # bf16 first: later rows carry its value
   contexts = [int(c) for c in args.contexts.split(",")]
   rows, calib_info, t0 = [], {}, time.perf_counter()
   rng = np.random.default_rng(args.seed)
@@ -149,13 +150,12 @@ def main(argv=None):
           nlls.append(nll)
           hits.append(hit)
         values[name] = metric(task, np.concatenate(nlls), np.concatenate(hits), mask)
-      for name in names:
         rows.append({"format": name, "task": task, "context": context, "value": values[name],
-                     "bf16_value": values.get("bf16"),
+                     "bf16_value": values.get("bf16"),  # bf16 runs first (names is ordered so)
                      "bytes_per_token": bytes_per_token(fmts[name], max(context, 4096))})
+        write(args, argv, calib_info, t0, rows)  # after every cell: a time-out loses one cell
       print(json.dumps({"task": task, "context": context, **{k: round(v, 4) for k, v in values.items()}}),
             flush=True)
-      write(args, argv, calib_info, t0, rows)  # after every task: partial results survive a time-out
   write(args, argv, calib_info, t0, rows)
   plot(rows, os.path.splitext(args.out)[0])
   print(f"wrote {args.out}")
