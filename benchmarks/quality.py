@@ -98,12 +98,17 @@ def main(argv=None):
   p.add_argument("--mixed-layers", default=None,
                  help="kivi2_mixed: layers given KIVI-4 (e.g. '4,5' from an earlier run's calibration "
                       "record), skipping the sensitivity pass")
+  p.add_argument("--rope-scale-factor", type=float, default=None,
+                 help="override the model's RoPE position scaling (context extension probe)")
+  p.add_argument("--rope-base", type=float, default=None, help="override the model's RoPE base")
   p.add_argument("--out", default="benchmarks/results/quality.json")
   p.add_argument("--merge", nargs="*", help="join result files into --out, re-plot, summarize; no model")
   args = p.parse_args(argv)
   if args.merge is not None:
     return merge(args.merge, args.out)
-  model, tok = reference_lm.load()
+  overrides = {k: v for k, v in (("rope_scale_factor", args.rope_scale_factor),
+                                   ("rope_base", args.rope_base)) if v is not None}
+  model, tok = reference_lm.load(**overrides)
   held = np.load(os.path.join(reference_lm.CHECKPOINT_DIR, "heldout_tokens.npy")).astype(np.int32)
   names = args.formats.split(",")
   names = sorted(names, key=lambda n: n != "bf16")  # bf16 first: later rows carry its value

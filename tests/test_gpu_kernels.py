@@ -79,13 +79,24 @@ def test_registered():
   assert "pallas_gpu" in dispatch.implementations()
 
 
+def test_default_narrowing_follows_the_sweep():
+  # INT8 keys take 8-bit q.k dots by default (measured faster); FP8 keys upcast (measured faster)
+  assert ops.plan_for(test_base.make_case("int8", [5])[1], 1, 4).narrow_qk
+  for name in ("fp8_e4m3", "fp8_e5m2", "int4", "bf16"):
+    plan = ops.plan_for(test_base.make_case(name, [5])[1], 1, 4)
+    assert not plan.narrow_qk and not plan.narrow_pv, name
+
+
+# The shared base runs the defaults (int8: narrow q.k; fp8: upcast); these are the others.
 @pytest.mark.parametrize("fmt_name", ["fp8_e4m3", "fp8_e4m3_static", "int8"])
-@pytest.mark.parametrize("narrow", [{"narrow_qk": True}, {"narrow_qk": True, "narrow_pv": True}],
-                         ids=["qk", "qk_pv"])
+@pytest.mark.parametrize("narrow", [{"narrow_qk": True}, {"narrow_qk": True, "narrow_pv": True},
+                                    {"narrow_qk": False}], ids=["qk", "qk_pv", "wide"])
 def test_narrow_dots_match_reference(fmt_name, narrow):
+  if fmt_name != "int8" and narrow == {"narrow_qk": False}:
+    pytest.skip("the FP8 default; the shared base covers it")
   q, c = test_base.make_case(fmt_name, [0, 1, 200, test_base.CAPACITY], num_queries=3)
   plan = ops.plan_for(c, 3, 12, **narrow)
-  assert plan.narrow_qk and plan.narrow_pv == narrow.get("narrow_pv", False)
+  assert plan.narrow_qk == narrow["narrow_qk"] and plan.narrow_pv == narrow.get("narrow_pv", False)
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
   out = np.asarray(ops.decode_attention(q, c, interpret=INTERPRET, **narrow), np.float32)
   assert np.abs(out[0]).max() == 0.0  # length 0: nothing visible
@@ -114,8 +125,11 @@ def test_two_term_split_is_bf16_accurate(dtype):
   assert float(jnp.abs(y[3]).max()) == 0.0
 
 
-KIVI_VARIANTS = [("kivi2", {"join_values": True}), ("kivi2_g128", {"join_values": True}),
-                 ("kivi2", {"tile_loop": True}), ("kivi4", {"tile_loop": True}),
+# The shared base runs the defaults (tile_loop on, join_values off); these are the others.
+KIVI_VARIANTS = [("kivi2", {"join_values": True, "tile_loop": False}),
+                 ("kivi2_g128", {"join_values": True, "tile_loop": False}),
+                 ("kivi2", {"tile_loop": False}), ("kivi4", {"tile_loop": False}),
+                 ("kivi2", {"join_values": True}),
                  ("kivi2_g128", {"tile_loop": True, "join_values": True, "num_splits": 3})]
 
 

@@ -26,10 +26,16 @@ MAX_ROWS = 64
 # splits (32 at B=8: fp8 253 -> 212 us, kivi2 808 -> 675 us) and 3 pipeline stages.
 QUANT_TARGET = 16 * NUM_SMS
 QUANT_STAGES = 3
-NARROW_QK = False  # 8-bit tensor-core dots: off until measured faster on the H200
+# Variant sweep on the H200 (B=8, 32k, session 3, benchmarks/results/decode_parts/decode_s3.json):
+# 8-bit tensor-core q.k pays off for INT8 codes (241 -> 207 us) but not for FP8 e4m3, whose
+# fp8 -> fp16 upcast is native (208 -> 216 us); narrow p.v loses for both (222 / 268 us).
+NARROW_QK_KINDS = frozenset({"i8"})  # key kinds whose q.k runs as 8-bit dots by default
 NARROW_PV = False
-JOIN_VALUES = False  # KIVI: one interleaved value tile per key tile; off until measured faster
-TILE_LOOP = False    # KIVI: loop over key tiles (smaller program, faster compile); off until timed
+# KIVI: looping over key tiles beats unrolling each R-block everywhere (kivi2 615 -> 429 us,
+# kivi2 G128 445 -> 355, kivi4 624 -> 439) and shrinks the Triton program 2.7x. Joined value
+# tiles: noise with the loop for G32 (429 -> 426 us), slower for G128 (355 -> 407): off.
+JOIN_VALUES = False
+TILE_LOOP = True
 
 
 def _pow2_at_least(x, lo):
@@ -75,7 +81,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
   narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
   codes (the other operand split in two 8-bit terms). join_values: KIVI value planes interleaved
   into one tile per key tile (needs a value group covering a whole plane). tile_loop: KIVI's loop
-  steps one key tile instead of one unrolled R-block. None = the module default (off until timed).
+  steps one key tile instead of one unrolled R-block. None = the module default (NARROW_QK_KINDS,
+  NARROW_PV, JOIN_VALUES, TILE_LOOP: the measured winners).
   """
   fmt = cache.fmt
   window = None if window is None else int(window)
@@ -117,7 +124,7 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       raise NotImplementedError(f"pallas_gpu: capacity {s} not a multiple of 16")
   ns = num_splits or default_splits(
       b, kh, s // block, 4 * NUM_SMS if kk == vk == "bf16" else QUANT_TARGET)
-  narrow_qk = NARROW_QK if narrow_qk is None else narrow_qk
+  narrow_qk = (kk in NARROW_QK_KINDS) if narrow_qk is None else narrow_qk
   narrow_pv = NARROW_PV if narrow_pv is None else narrow_pv
   return decode.FlatPlan(
       key_kind=kk, value_kind=vk,
