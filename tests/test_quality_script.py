@@ -27,6 +27,15 @@ def test_tiny_run_writes_rows_and_plots(tmp_path):
       by["bf16", "ppl"]["bytes_per_token"]
   assert d["calibration"]["kivi2_mixed"] == {"layers_kivi4": [5], "from": "--mixed-layers"}
   assert (tmp_path / "q_vs_context.png").exists() and (tmp_path / "q_frontier.png").exists()
+  # bf16 listed last still runs first (later rows carry its value); a RoPE-base override changes it
+  out2 = tmp_path / "q2.json"
+  quality.main(["--contexts", "256", "--samples", "2", "--batch", "2", "--tail", "64", "--chunk", "256",
+                "--formats", "int8,bf16", "--rope-base", "50", "--out", str(out2)])
+  rows2 = json.loads(out2.read_text())["rows"]
+  assert [r["format"] for r in rows2[:2]] == ["bf16", "int8"]
+  assert all(r["bf16_value"] is not None for r in rows2)
+  ppl2 = next(r["value"] for r in rows2 if (r["format"], r["task"]) == ("bf16", "ppl"))
+  assert ppl2 != pytest.approx(by["bf16", "ppl"]["value"], rel=1e-3)
   with pytest.raises(ValueError, match="--mixed-layers"):
     quality.main(["--contexts", "256", "--formats", "kivi2_mixed", "--mixed-layers", "9",
                   "--out", str(tmp_path / "bad.json")])
