@@ -157,6 +157,7 @@ def main(argv=None):
         values[name] = metric(task, np.concatenate(nlls), np.concatenate(hits), mask)
         rows.append({"format": name, "task": task, "context": context, "value": values[name],
                      "bf16_value": values.get("bf16"),  # bf16 runs first (names is ordered so)
+                     "rope_base": args.rope_base,  # None: the checkpoint's own base
                      "bytes_per_token": bytes_per_token(fmts[name], max(context, 4096))})
         write(args, argv, calib_info, t0, rows)  # after every cell: a time-out loses one cell
       print(json.dumps({"task": task, "context": context, **{k: round(v, 4) for k, v in values.items()}}),
@@ -177,32 +178,56 @@ def write(args, argv, calib_info, t0, rows):
 
 
 def merge(paths, out):
-  """Joins runs (later files win per format/task/context), plots, prints the verdicts."""
+  """Joins runs (later files win per format/task/context/RoPE base), plots, prints the verdicts.
+
+  Where a context was also run with a RoPE-base override (``--rope-base``, for contexts past the
+  model's training length), the override's rows are that context's primary rows: verdicts under
+  ``"<context>"``, plotted; the checkpoint-base rows stay in the file, judged under
+  ``"<context> (rope_base checkpoint)"``.
+  """
   rows, runs = {}, []
   for pth in paths:
     with open(pth) as f:
       d = json.load(f)
     runs.append({k: d[k] for k in ("command", "samples", "tail", "calibration", "device", "seconds")})
     for r in d["rows"]:
-      rows[(r["format"], r["task"], r["context"])] = r
-  rows = sorted(rows.values(), key=lambda r: (r["context"], r["task"], FORMATS.index(r["format"])
-                                              if r["format"] in FORMATS else 99))
-  result = {"model": "kvjax/assets/reference_lm", "runs": runs, "verdicts": verdicts(rows), "rows": rows}
+      r = {**r, "rope_base": r.get("rope_base")}
+      rows[(r["format"], r["task"], r["context"], r["rope_base"])] = r
+  rows = sorted(rows.values(), key=lambda r: (r["context"], r["rope_base"] or 0, r["task"],
+                                              FORMATS.index(r["format"]) if r["format"] in FORMATS else 99))
+  primary_base = {}
+  for r in rows:  # per context: the override base if one ran there, else the checkpoint's
+    if r["rope_base"] is not None or r["context"] not in primary_base:
+      primary_base[r["context"]] = r["rope_base"]
+  for r in rows:
+    r["primary"] = r["rope_base"] == primary_base[r["context"]]
+  result = {"model": "kvjax/assets/reference_lm", "runs": runs,
+            "primary_rope_base": {str(c): b for c, b in primary_base.items()},
+            "verdicts": verdicts(rows), "rows": rows}
   with open(out, "w") as f:
     json.dump(result, f, indent=1)
-  plot(rows, os.path.splitext(out)[0])
+  plot([r for r in rows if r["primary"]], os.path.splitext(out)[0])
   for line in summary_lines(rows, result["verdicts"]):
     print(line)
 
 
-TARGETS = {"fp8_e4m3_calibrated": 0.2, "kivi4": 0.5, "kivi2": 3.0}  # max ppl increase, % (issue 6)
+# max ppl increase in % of bf16 at every context (issue 6); kivi2_mixed is KIVI-2 with the protective
+# option (per-layer bits), which the issue's KIVI-2 target is stated with
+TARGETS = {"fp8_e4m3_calibrated": 0.2, "kivi4": 0.5, "kivi2": 3.0, "kivi2_mixed": 3.0}
+RETRIEVAL_TARGETS = {"fp8_e4m3_calibrated": 1.0, "kivi2_mixed": 0.97}  # fraction of bf16, largest context
+
+
+def context_key(r):
+  if r.get("primary", True):
+    return str(r["context"])
+  return f"{r['context']} (rope_base {r['rope_base'] or 'checkpoint'})"
 
 
 def verdicts(rows):
   """Per context: ppl change vs bf16 (%) and retrieval as a fraction of bf16, per format."""
   out = {}
   for r in rows:
-    v = out.setdefault(str(r["context"]), {}).setdefault(r["format"], {})
+    v = out.setdefault(context_key(r), {}).setdefault(r["format"], {})
     if r["task"] == "ppl":
       v["ppl_pct"] = round(100 * (r["value"] / r["bf16_value"] - 1), 2)
     elif r["bf16_value"]:
@@ -211,8 +236,9 @@ def verdicts(rows):
 
 
 def summary_lines(rows, ver):
-  ctxs = sorted({r["context"] for r in rows})
-  names = [n for n in FORMATS if any(r["format"] == n for r in rows)]
+  primary = [r for r in rows if r.get("primary", True)]
+  ctxs = sorted({r["context"] for r in primary})
+  names = [n for n in FORMATS if any(r["format"] == n for r in primary)]
   yield "format               " + " ".join(f"{'ppl%@' + str(c):>10} {'rec@' + str(c):>9} {'pk@' + str(c):>8}"
                                           for c in ctxs)
   for n in names:
@@ -222,10 +248,22 @@ def summary_lines(rows, ver):
       cells.append(f"{v.get('ppl_pct', float('nan')):>+10.2f} {v.get('recall_vs_bf16', float('nan')):>9.3f} "
                    f"{v.get('passkey_vs_bf16', float('nan')):>8.3f}")
     yield f"{n:20s} " + " ".join(cells)
+  for c in ctxs:
+    base = next(r["rope_base"] for r in primary if r["context"] == c)
+    if base is not None:
+      yield f"context {c}: RoPE base {base:g} (override; checkpoint-base rows kept, not judged)"
+  judged = {k: v for k, v in ver.items() if k.isdigit()}
   for n, lim in TARGETS.items():
-    worst = max((v[n]["ppl_pct"] for v in ver.values() if n in v and "ppl_pct" in v[n]), default=None)
+    worst = max((v[n]["ppl_pct"] for v in judged.values() if n in v and "ppl_pct" in v[n]), default=None)
     if worst is not None:
       yield f"target {n}: ppl within {lim}% of bf16 at every context: {'MET' if worst <= lim else 'MISSED'} (worst {worst:+.2f}%)"
+  last = str(max(ctxs)) if ctxs else None
+  for n, frac in RETRIEVAL_TARGETS.items():
+    v = judged.get(last, {}).get(n, {})
+    got = [v[k] for k in ("recall_vs_bf16", "passkey_vs_bf16") if k in v]
+    if got:
+      yield (f"target {n}: recall and passkey at {last} >= {frac:g} of bf16: "
+             f"{'MET' if min(got) >= frac else 'MISSED'} (recall {v.get('recall_vs_bf16')}, passkey {v.get('passkey_vs_bf16')})")
 
 
 def plot(rows, stem):

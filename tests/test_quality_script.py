@@ -64,3 +64,28 @@ def test_merge_joins_runs_and_judges_targets(tmp_path, capsys):
   assert "target kivi4: ppl within 0.5% of bf16 at every context: MISSED (worst +1.00%)" in printed
   assert "target kivi2: ppl within 3.0% of bf16 at every context: MET (worst +2.50%)" in printed
   assert (tmp_path / "m_vs_context.png").exists()
+
+
+def test_merge_prefers_the_rope_override_at_its_context(tmp_path, capsys):
+  a = _run(tmp_path / "a.json", 1024, {"bf16": 10.0, "kivi4": 10.04, "kivi2_mixed": 10.1}, "a")
+  broken = _run(tmp_path / "b.json", 16384, {"bf16": 20.0, "kivi4": 30.0, "kivi2_mixed": 40.0}, "trained base")
+  d = json.loads(open(_run(tmp_path / "c.json", 16384, {"bf16": 8.0, "kivi4": 8.02, "kivi2_mixed": 8.4},
+                           "ntk")).read())
+  for r in d["rows"]:
+    r["rope_base"] = 2e6
+  d["rows"] += [{"format": f, "task": "recall", "context": 16384, "value": v, "bf16_value": 0.8,
+                 "bytes_per_token": 1.0, "rope_base": 2e6} for f, v in (("bf16", 0.8), ("kivi2_mixed", 0.76))]
+  ntk = tmp_path / "c.json"
+  ntk.write_text(json.dumps(d))
+  out = tmp_path / "m.json"
+  quality.merge([a, str(ntk), broken], str(out))  # the override wins whatever the file order
+  m = json.loads(out.read_text())
+  assert len(m["rows"]) == 3 + 3 + 5  # the checkpoint-base 16k rows are kept
+  assert m["primary_rope_base"] == {"1024": None, "16384": 2e6}
+  assert m["verdicts"]["16384"]["kivi4"]["ppl_pct"] == pytest.approx(0.25)
+  assert m["verdicts"]["16384 (rope_base checkpoint)"]["kivi4"]["ppl_pct"] == pytest.approx(50.0)
+  printed = capsys.readouterr().out
+  assert "target kivi4: ppl within 0.5% of bf16 at every context: MET (worst +0.40%)" in printed
+  assert "target kivi2_mixed: ppl within 3.0% of bf16 at every context: MISSED (worst +5.00%)" in printed
+  assert "target kivi2_mixed: recall and passkey at 16384 >= 0.97 of bf16: MISSED (recall 0.95" in printed
+  assert "context 16384: RoPE base 2e+06" in printed
