@@ -11,15 +11,21 @@ from pallas_kernels.gpu import ops
 
 N_HEADS, K_HEADS = 32, 8  # the benchmark's Llama-3-8B head shape
 
-NARROW = (dict(narrow_qk=True), dict(narrow_qk=True, narrow_pv=True))
-JOIN = (dict(join_values=True), dict(tile_loop=True), dict(tile_loop=True, join_values=True))
-VARIANTS = {"fp8_e4m3": NARROW, "int8": NARROW, "kivi2": JOIN, "kivi2_g128": JOIN,
-            "kivi4": (dict(tile_loop=True),)}
-# ^ kernel options checked (--check) and swept (--sweep) beside the defaults
+# Session 4: scale loads issued 1-2 blocks ahead (Triton leaves them synchronous in the loop), with
+# the block sizes that change registers per thread (fp8: 193 at 128 tokens, 136 at 64).
+PREFETCH = (dict(prefetch=1), dict(prefetch=2), dict(prefetch=1, block=64), dict(prefetch=2, block=64),
+            dict(prefetch=1, block=256, num_warps=8))
+KIVI_PREFETCH = (dict(prefetch=1), dict(prefetch=2))
+VARIANTS = {"fp8_e4m3": PREFETCH + (dict(narrow_qk=True, prefetch=1),),
+            "fp8_e5m2": PREFETCH[:3], "int4": PREFETCH[:3],
+            "int8": PREFETCH + (dict(narrow_qk=False, prefetch=1),),
+            "kivi2": KIVI_PREFETCH, "kivi2_g128": KIVI_PREFETCH, "kivi4": KIVI_PREFETCH}
+# ^ kernel options checked (--check) and swept (--sweep) beside the defaults. Session 3's
+# variants (narrow dots, joined values, tile loop) are measured and settled: decode_parts/decode_s3.json
 
 
 def opts_name(f, o):
-  return f + "".join(f"+{k}" for k, v in sorted(o.items()) if v is True)
+  return f + "".join(f"+{k}" if v is True else f"+{k}={v}" for k, v in sorted(o.items()) if v is not None)
 
 
 def check_all(log, names=None, quick=False):

@@ -132,7 +132,9 @@ KIVI_VARIANTS = [("kivi2", {"join_values": True, "tile_loop": False}),
                  ("kivi2_g128", {"join_values": True, "tile_loop": False}),
                  ("kivi2", {"tile_loop": False}), ("kivi4", {"tile_loop": False}),
                  ("kivi2", {"join_values": True}),
-                 ("kivi2_g128", {"tile_loop": True, "join_values": True, "num_splits": 3})]
+                 ("kivi2_g128", {"tile_loop": True, "join_values": True, "num_splits": 3}),
+                 ("kivi2", {"prefetch": 1}), ("kivi2", {"prefetch": 2, "num_splits": 3}),
+                 ("kivi2_g128", {"prefetch": 1}), ("kivi4", {"prefetch": 2})]
 
 
 @pytest.mark.parametrize("fmt_name,opts", KIVI_VARIANTS,
@@ -156,3 +158,30 @@ def test_interleave_order():
   plan = ops.plan_for(test_base.make_case("kivi2", [5])[1], 1, 4)
   assert sorted(plan.joined_channel_order(128)) == list(range(128))
   assert not ops.plan_for(test_base.make_case("kivi4", [5])[1], 1, 4, join_values=True).join_values
+
+
+# Scale loads issued blocks ahead (carried through the loop). Splits of one block each put the
+# prefetch of the last split past the cache's end (clamped); full and ragged lengths, T = 3.
+PREFETCH_CASES = [(f, d, ns) for f in ("fp8_e4m3", "int8", "int4", "fp8_e4m3_static") for d, ns in
+                  ((1, None), (2, None), (2, 64))]
+
+
+@pytest.mark.parametrize("fmt_name,distance,splits", PREFETCH_CASES,
+                         ids=[f"{f}+prefetch{d}+splits{ns}" for f, d, ns in PREFETCH_CASES])
+def test_scale_prefetch_matches_reference(fmt_name, distance, splits):
+  q, c = test_base.make_case(fmt_name, [0, 1, 200, test_base.CAPACITY - 1, test_base.CAPACITY],
+                             num_queries=3)
+  plan = ops.plan_for(c, 3, 12, prefetch=distance, num_splits=splits, block=16 if splits else None)
+  assert plan.prefetch == distance
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+  out = np.asarray(ops.decode_attention(q, c, interpret=INTERPRET, prefetch=distance,
+                                        num_splits=splits, block=16 if splits else None), np.float32)
+  assert np.abs(out[0]).max() == 0.0
+  assert test_base.relative_error(out[1][:, 2:], ref[1][:, 2:]) < 1e-2
+  assert test_base.relative_error(out[2:], ref[2:]) < 1e-2
+
+
+def test_prefetch_needs_the_tile_loop_for_kivi():
+  _, c = test_base.make_case("kivi2", [5])
+  assert ops.plan_for(c, 1, 4, prefetch=2).prefetch == 2
+  assert ops.plan_for(c, 1, 4, prefetch=2, tile_loop=False).prefetch == 0

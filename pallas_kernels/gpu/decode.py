@@ -71,6 +71,7 @@ class FlatPlan:
   window: int | None = None  # sliding window (Gemma local layers): keys in (qpos - window, qpos]
   narrow_qk: bool = False  # q . k on the tensor cores in the cache's own 8-bit type (two-term q)
   narrow_pv: bool = False  # p . v likewise (two-term p * scale)
+  prefetch: int = 0  # per-token scales loaded this many blocks ahead (carried through the loop)
 
 
 def _two_term(x, dtype):
@@ -164,8 +165,23 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
   v_parts = 2 if plan.value_kind == "i4" else 1
   vw = h // v_parts
 
+  last_block = k_ref.shape[0] // bs - 1
+
+  def scales(i):
+    """Per-token key/value scales of block i (clamped in bounds), stored dtype [bs]: carried
+    unconverted, so nothing waits on the load before the block that uses it."""
+    t0 = jnp.minimum(i, last_block) * bs
+    return tuple(r[pl.ds(t0, bs)] for r in (ks_ref, vs_ref) if r is not None)
+
   def body(i, carry):
-    accs, m_prev, l_prev = carry
+    accs, m_prev, l_prev, ahead = carry
+    if plan.prefetch:  # Triton does not pipeline these 2-byte-per-thread loads: issue them early
+      sc, ahead = ahead[0], ahead[1:] + (scales(i + plan.prefetch),)
+    else:
+      sc = scales(i)
+    sc = [x.astype(jnp.float32) for x in sc]
+    ksc = sc.pop(0) if plan.key_scaled else None
+    vsc = sc.pop(0) if plan.value_scaled else None
     t0 = i * bs
     kc = k_ref[pl.ds(t0, bs), :]
     if plan.key_kind == "bf16":
@@ -178,7 +194,7 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
     else:
       s = _dot(qk[0], kc.astype(jnp.float16), trans_b=True)
     if plan.key_scaled:
-      s = s * ks_ref[pl.ds(t0, bs)].astype(jnp.float32)[None, :]
+      s = s * ksc[None, :]
     s = _finish_logits(s, plan.softcap)
     mask = _visible(t0 + tok, qpos, plan.window)
     s = jnp.where(mask, s, NEG)
@@ -192,7 +208,7 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
     else:
       pp = p
       if plan.value_scaled:
-        pp = p * (vs_ref[pl.ds(t0, bs)].astype(jnp.float32) * plan.value_c)[None, :]
+        pp = p * (vsc * plan.value_c)[None, :]
       if plan.narrow_pv:
         pv = (_two_term_dot(_two_term(pp, vc.dtype), vc, False),)
       elif plan.value_kind == "i4":
@@ -201,14 +217,15 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
       else:
         pv = (_dot(pp.astype(jnp.float16), vc.astype(jnp.float16)),)
     accs = tuple(a * alpha[:, None] + x for a, x in zip(accs, pv))
-    return accs, m_new, l_new
+    return accs, m_new, l_new, ahead
 
   lo, n = _split_range(length, bs, plan.num_splits, split,
                        _window_start(length, plan.num_queries, plan.window))
   accs = tuple(jnp.zeros((m_rows, vw), jnp.float32) for _ in range(v_parts))
   m0 = jnp.full((m_rows,), NEG, jnp.float32)
   l0 = jnp.zeros((m_rows,), jnp.float32)
-  accs, m, l = lax.fori_loop(0, n, lambda j, c: body(lo + j, c), (accs, m0, l0))
+  ahead0 = tuple(scales(lo + d) for d in range(plan.prefetch))
+  accs, m, l, _ = lax.fori_loop(0, n, lambda j, c: body(lo + j, c), (accs, m0, l0, ahead0))
   if plan.value_scaled and plan.value_c != 1.0:
     accs = tuple(a * (1.0 / plan.value_c) for a in accs)
   _store_state(o_ref, m_ref, l_ref, [(j * vw, a) for j, a in enumerate(accs)], m, l, plan.rows)

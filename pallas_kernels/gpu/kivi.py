@@ -52,6 +52,7 @@ class KiviPlan:
   window: int | None = None  # sliding window: keys in (qpos - window, qpos]
   join_values: bool = False  # one [u, H] value tile per key tile (planes interleaved), one dot
   tile_loop: bool = False    # loop over u-token tiles, not unrolled R-blocks (2.7x less Triton IR)
+  prefetch: int = 0          # tile_loop: scale/zero rows and columns loaded this many tiles ahead
 
   @property
   def key_unit(self):  # tokens per key tile: one plane of a byte-row chunk, within one group
@@ -76,18 +77,20 @@ def _interleave(tiles):
   return tiles[0]
 
 
-def _kivi_key_tile(q16, k_ref, ks_ref, kz_ref, t0, plane, chunk, plan: KiviPlan):
+def _kivi_key_tile(q16, k_ref, ks_ref, kz_ref, t0, plane, chunk, plan: KiviPlan, scale_zero=None):
   """[M, u] logits of one key tile: tokens ``t0 + plane * R/n + chunk * u ...`` of the R-block at
   t0 (plane and chunk may be traced). The [u, H] tile is dequantized in registers, ``code * s_g +
   m_g`` in fp16 (u <= G: one key group per tile), and dotted with the fixed fp16 query, so the
-  query operand is laid out for the tensor cores once per program."""
+  query operand is laid out for the tensor cores once per program. scale_zero: the tile's group
+  ([1, H] scale, [1, H] zero) already loaded (prefetched), else loaded here."""
   bits, u = plan.key_bits, plan.key_unit
   n = 8 // bits
   rows_per_plane = plan.residual // n
   byte_rows = k_ref[pl.ds(t0 // n + chunk * u, u), :]  # [u, H] uint8
-  gi = (t0 + plane * rows_per_plane + chunk * u) // plan.key_group
-  sc = ks_ref[pl.ds(gi, 1), :].astype(jnp.float16)  # [1, H]
-  zr = kz_ref[pl.ds(gi, 1), :].astype(jnp.float16)
+  if scale_zero is None:
+    gi = (t0 + plane * rows_per_plane + chunk * u) // plan.key_group
+    scale_zero = (ks_ref[pl.ds(gi, 1), :], kz_ref[pl.ds(gi, 1), :])  # [1, H]
+  sc, zr = (x.astype(jnp.float16) for x in scale_zero)
   shift = plane * bits
   if not isinstance(shift, int):
     shift = shift.astype(jnp.uint8)
@@ -140,6 +143,8 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
   n_vunits = nv * n_vcols
   tiles_per_block = r // u
   rows_per_plane = r * plan.key_bits // 8
+  last_tile = vs_ref.shape[0] // u - 1  # capacity // u - 1
+  value_groups = sorted({(iv * cpp + jc * wv) // gv for iv in range(nv) for jc in range(cpp // wv)})
 
   @pl.when(split < ns)
   def _quantized():
@@ -149,10 +154,16 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
       ok = pos < lv
       return ok if plan.window is None else ok & (pos > qpos - plan.window)
 
-    def values(accs, p, tu):
-      """accs += p [M, u] times the dequantized values of tokens tu .. tu + u."""
+    def value_scale_zero(tu):
+      """{channel group: ([u, 1] scale, [u, 1] zero)} of tokens tu .. tu + u, stored dtype."""
+      return {g: (vs_ref[pl.ds(tu, u), pl.ds(g, 1)], vz_ref[pl.ds(tu, u), pl.ds(g, 1)])
+              for g in value_groups}
+
+    def values(accs, p, tu, vsz=None):
+      """accs += p [M, u] times the dequantized values of tokens tu .. tu + u (vsz: their
+      value_scale_zero, already loaded)."""
       p16 = p.astype(jnp.float16)
-      sz = {}
+      sz = {} if vsz is None else {g: tuple(x.astype(jnp.float16) for x in v) for g, v in vsz.items()}
 
       def vscale(grp):  # per-token scale and zero of a channel group: [u, 1] fp16
         if grp not in sz:
@@ -186,17 +197,32 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
         accs = values(accs, p, t0 + off)
       return accs, m_new, l_new
 
-    def tile_body(ti, carry):  # one key tile of u tokens (plane and chunk traced): a smaller program
-      accs, m_prev, l_prev = carry
+    def tile_geometry(ti):
       bi = ti // tiles_per_block
       t0 = bi * r
       off = (ti - bi * tiles_per_block) * u  # (no traced %: it does not lower to Triton here)
       plane = off // rows_per_plane
-      s = _kivi_key_tile(q16, k_ref, ks_ref, kz_ref, t0, plane,
-                         (off - plane * rows_per_plane) // u, plan)
+      return t0, off, plane, (off - plane * rows_per_plane) // u
+
+    def tile_scales(ti):
+      """A tile's key-group scale/zero rows and value scale/zero columns, stored dtype: with
+      `prefetch` these loads are issued tiles ahead and carried unconverted (Triton pipelines only
+      the code tiles; a [1, H] or [u, 1] bf16 load is 2 bytes per thread, too small for cp.async)."""
+      t0, off, plane, chunk = tile_geometry(jnp.minimum(ti, last_tile))
+      gi = (t0 + plane * rows_per_plane + chunk * u) // plan.key_group
+      return (ks_ref[pl.ds(gi, 1), :], kz_ref[pl.ds(gi, 1), :]), value_scale_zero(t0 + off)
+
+    def tile_body(ti, carry):  # one key tile of u tokens (plane and chunk traced): a smaller program
+      accs, m_prev, l_prev, ahead = carry
+      if plan.prefetch:
+        (ksz, vsz), ahead = ahead[0], ahead[1:] + (tile_scales(ti + plan.prefetch),)
+      else:
+        ksz = vsz = None
+      t0, off, plane, chunk = tile_geometry(ti)
+      s = _kivi_key_tile(q16, k_ref, ks_ref, kz_ref, t0, plane, chunk, plan, ksz)
       (p,), m_new, l_new, alpha = _softmax_update([base._finish_logits(s, plan.softcap)],
                                                   [quantized_visible(t0 + off + tok)], m_prev, l_prev)
-      return values([a * alpha[:, None] for a in accs], p, t0 + off), m_new, l_new
+      return values([a * alpha[:, None] for a in accs], p, t0 + off, vsz), m_new, l_new, ahead
 
     start = base._window_start(length, plan.num_queries, plan.window)
     if plan.tile_loop:
@@ -207,7 +233,11 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
       accs = [jnp.zeros((m_rows, h), jnp.float32)]
     else:
       accs = [jnp.zeros((m_rows, wv), jnp.float32) for _ in range(n_vunits)]
-    accs, m, l = lax.fori_loop(0, n, lambda j, c: body(lo + j, c), (accs, m0, l0))
+    if plan.tile_loop:
+      ahead0 = tuple(tile_scales(lo + d) for d in range(plan.prefetch))
+      accs, m, l, _ = lax.fori_loop(0, n, lambda j, c: body(lo + j, c), (accs, m0, l0, ahead0))
+    else:
+      accs, m, l = lax.fori_loop(0, n, lambda j, c: body(lo + j, c), (accs, m0, l0))
     if plan.join_values:
       parts = [(0, accs[0])]
     else:

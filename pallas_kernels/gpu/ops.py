@@ -36,6 +36,18 @@ NARROW_PV = False
 # tiles: noise with the loop for G32 (429 -> 426 us), slower for G128 (355 -> 407): off.
 JOIN_VALUES = False
 TILE_LOOP = True
+# Triton pipelines (cp.async) only the code tiles: a [block] bf16 scale vector is 2 bytes per
+# thread, below cp.async's 4, so it stays a synchronous load in the loop (checked in the TTGIR of
+# the kernels compiled for sm_90 on the CPU). `prefetch` = d issues scale loads d blocks ahead.
+# Session-4 sweep (H200, B=8, 32k, decode_parts/decode_s4.json): one block ahead wins for every
+# per-token format (fp8 e4m3 232 -> 203 us, int8 215 -> 194, int4 202 -> 188), two ahead loses
+# (registers); with 64-token blocks (136 instead of 193 registers per thread for fp8, 3 programs per
+# SM instead of 2) fp8 e4m3 reaches 183 us, e5m2 183, int8 188. KIVI: one tile ahead for G=32
+# (kivi2 426 -> 404 us, kivi4 436 -> 404), none for G=128 (351 -> 385).
+PREFETCH = 1
+KIVI_PREFETCH = {32: 1}  # KIVI key group -> tiles ahead (others: 0)
+QUANT_BLOCK = 64  # tokens per block for quantized per-token formats
+FLAT_BLOCK = 128  # bf16
 
 
 def _pow2_at_least(x, lo):
@@ -75,7 +87,7 @@ def _narrow_ok(spec):
 
 def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, block=None,
              softcap=None, window=None, narrow_qk=None, narrow_pv=None, join_values=None,
-             tile_loop=None):
+             tile_loop=None, prefetch=None):
   """The static kernel plan for `cache`, or NotImplementedError.
 
   narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
@@ -113,15 +125,20 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
     join = (JOIN_VALUES if join_values is None else join_values) and plan.value_unit(h) == h * vs.bits // 8
     loop = TILE_LOOP if tile_loop is None else tile_loop
     return plan.__class__(**{**plan.__dict__, "num_splits": ns, "join_values": bool(join),
-                             "tile_loop": bool(loop)})
+                             "tile_loop": bool(loop),
+                             "prefetch": (int(KIVI_PREFETCH.get(ks.group_size, 0) if prefetch is None
+                                              else prefetch) if loop else 0)})
   kk, vk = _kind(fmt.key, "key"), _kind(fmt.value, "value")
   for spec, role in ((fmt.key, "key"), (fmt.value, "value")):
     if isinstance(spec, IntSpec) and spec.bits == 4 and cache.__getattribute__(role[0]).block != h:
       raise NotImplementedError("pallas_gpu: int4 must be packed in blocks of head_dim")
   if block is None:
-    block = next((c for c in (128, 64, 32, 16) if s % c == 0), None)
+    pref = FLAT_BLOCK if kk == vk == "bf16" else QUANT_BLOCK
+    block = next((c for c in (pref, 128, 64, 32, 16) if c <= s and s % c == 0), None)
     if block is None:
       raise NotImplementedError(f"pallas_gpu: capacity {s} not a multiple of 16")
+  elif block < 16 or block & (block - 1) or s % block:
+    raise ValueError(f"block must be a power of two >= 16 dividing the cache capacity {s}, got {block}")
   ns = num_splits or default_splits(
       b, kh, s // block, 4 * NUM_SMS if kk == vk == "bf16" else QUANT_TARGET)
   narrow_qk = (kk in NARROW_QK_KINDS) if narrow_qk is None else narrow_qk
@@ -133,7 +150,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       value_c=_value_c(fmt.value), num_queries=num_queries, rows=rows, block=block,
       num_splits=ns, softcap=softcap, window=window,
       narrow_qk=bool(narrow_qk) and _narrow_ok(fmt.key),
-      narrow_pv=bool(narrow_pv) and _narrow_ok(fmt.value))
+      narrow_pv=bool(narrow_pv) and _narrow_ok(fmt.value),
+      prefetch=int((0 if kk == vk == "bf16" else PREFETCH) if prefetch is None else prefetch))
 
 
 def _per_token(scale, b, kh, s):
@@ -161,7 +179,7 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
                      interpret=None, num_splits=None, block=None, num_warps=None,
                      num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None,
-                     tile_loop=None):
+                     tile_loop=None, prefetch=None):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`)."""
   if window is not None and (int(window) != window or window < 1):
@@ -182,7 +200,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   m_rows = _pow2_at_least(rows, 16)
   plan = plan_for(cache, t, rows, num_splits=num_splits, block=block, softcap=logit_softcap,
                   window=window, narrow_qk=narrow_qk, narrow_pv=narrow_pv, join_values=join_values,
-                  tile_loop=tile_loop)
+                  tile_loop=tile_loop, prefetch=prefetch)
   fmt = cache.fmt
   sm = h ** -0.5 if sm_scale is None else sm_scale
   qs = q.astype(jnp.float32).reshape(bq, kh, rows, h) * (sm if logit_softcap else sm * decode.LOG2E)
