@@ -12,14 +12,18 @@ from pallas_kernels.gpu import ops
 N_HEADS, K_HEADS = 32, 8  # the benchmark's Llama-3-8B head shape
 
 # Session 4: scale loads issued 1-2 blocks ahead (Triton leaves them synchronous in the loop), with
-# the block sizes that change registers per thread (fp8: 193 at 128 tokens, 136 at 64).
-PREFETCH = (dict(prefetch=1), dict(prefetch=2), dict(prefetch=1, block=64), dict(prefetch=2, block=64),
-            dict(prefetch=1, block=256, num_warps=8))
-KIVI_PREFETCH = (dict(prefetch=1), dict(prefetch=2))
-VARIANTS = {"fp8_e4m3": PREFETCH + (dict(narrow_qk=True, prefetch=1),),
-            "fp8_e5m2": PREFETCH[:3], "int4": PREFETCH[:3],
-            "int8": PREFETCH + (dict(narrow_qk=False, prefetch=1),),
-            "kivi2": KIVI_PREFETCH, "kivi2_g128": KIVI_PREFETCH, "kivi4": KIVI_PREFETCH}
+# the block sizes that change registers per thread (fp8: 193 at 128 tokens, 136 at 64). The winners
+# (prefetch 1, block 64) are the defaults now, so these are the neighbours of the default.
+PREFETCH = (dict(prefetch=0), dict(prefetch=2), dict(block=128), dict(block=128, prefetch=0))
+# Session 4 (CPU only, untimed): 2/4-bit codes unpacked by inline PTX, 4 bytes per sequence
+# (KIVI-2's loop 749 -> 627 instructions in the SASS compiled on the CPU).
+PACKED = (dict(packed_unpack=True),)
+KIVI_PREFETCH = (dict(prefetch=0), dict(prefetch=2))  # G=32 default: 1
+VARIANTS = {"fp8_e4m3": PREFETCH + (dict(narrow_qk=True),),
+            "fp8_e5m2": PREFETCH[:3], "int4": PREFETCH[:3] + PACKED,
+            "int8": PREFETCH + (dict(narrow_qk=False),),
+            "kivi2": KIVI_PREFETCH + PACKED, "kivi2_g128": (dict(prefetch=1),) + PACKED,
+            "kivi4": KIVI_PREFETCH + PACKED}
 # ^ kernel options checked (--check) and swept (--sweep) beside the defaults. Session 3's
 # variants (narrow dots, joined values, tile loop) are measured and settled: decode_parts/decode_s3.json
 

@@ -185,3 +185,63 @@ def test_prefetch_needs_the_tile_loop_for_kivi():
   _, c = test_base.make_case("kivi2", [5])
   assert ops.plan_for(c, 1, 4, prefetch=2).prefetch == 2
   assert ops.plan_for(c, 1, 4, prefetch=2, tile_loop=False).prefetch == 0
+
+
+def _emulate_ptx(asm, regs):
+  """Runs the straight-line PTX of `decode._PACKED_UNPACK` on uint32 numpy registers (only the
+  opcodes it uses), so the bit logic is checked here even though the asm itself needs a GPU."""
+  env = dict(regs)
+
+  def val(tok):
+    tok = tok.strip()
+    if tok.startswith("0x") or tok.isdigit():
+      return np.uint32(int(tok, 0))
+    return env[tok]
+  for line in asm.splitlines():
+    line = line.strip().rstrip(";")
+    if not line or line[0] in "{}.":
+      continue
+    op, args = line.split(None, 1)
+    dst, *src = [a.strip() for a in args.split(",")]
+    x = [val(a) for a in src]
+    if op == "and.b32":
+      env[dst] = x[0] & x[1]
+    elif op == "shr.u32":
+      env[dst] = x[0] >> (x[1] & np.uint32(31))
+    elif op == "lop3.b32":
+      assert int(src[3], 16) == 0xEA  # (a & b) | c
+      env[dst] = (x[0] & x[1]) | x[2]
+    elif op == "prmt.b32":
+      pool = np.concatenate([x[0].view(np.uint8).reshape(-1, 4), x[1].view(np.uint8).reshape(-1, 4)], 1)
+      sel = [(int(src[2], 16) >> (4 * i)) & 0x7 for i in range(4)]
+      env[dst] = np.ascontiguousarray(pool[:, sel]).view(np.uint32).reshape(-1)
+    else:
+      raise AssertionError(f"unexpected opcode {op}")
+  return env
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_packed_unpack_ptx_bit_logic(bits):
+  from pallas_kernels.gpu import decode
+  rng = np.random.default_rng(bits)
+  codes = rng.integers(0, 256, (64, 4), dtype=np.uint8)  # 64 instances x 4 packed bytes
+  asm = decode._PACKED_UNPACK.replace("MASK", hex(((1 << bits) - 1) * 0x10001))
+  for shift in range(0, 8, bits):
+    shifts = np.full((64, 4), shift, np.uint8)
+    env = _emulate_ptx(asm.replace("$", "r"), {"r2": codes.view(np.uint32).reshape(-1),
+                                               "r3": shifts.view(np.uint32).reshape(-1)})
+    out = np.stack([env["r0"], env["r1"]], 1).view(np.float16).reshape(64, 4)  # elements 0..3
+    want = ((codes >> shift) & ((1 << bits) - 1)).astype(np.float16) + np.float16(1024)
+    np.testing.assert_array_equal(out, want)
+    ref = np.asarray(decode.unpack_f16(jnp.asarray(codes), shift, bits, 0), np.float16)
+    np.testing.assert_array_equal(out - np.float16(1024), ref)
+
+
+def test_packed_unpack_needs_a_gpu():
+  q, c = test_base.make_case("kivi2", [5])
+  assert not ops.plan_for(c, 1, 4).packed_unpack
+  assert ops.plan_for(c, 1, 4, packed_unpack=True).packed_unpack
+  assert not ops.plan_for(test_base.make_case("fp8_e4m3", [5])[1], 1, 4, packed_unpack=True).packed_unpack
+  assert ops.plan_for(test_base.make_case("int4", [5])[1], 1, 4, packed_unpack=True).packed_unpack
+  with pytest.raises(ValueError, match="packed_unpack=True runs inline PTX"):
+    ops.decode_attention(q, c, interpret=True, packed_unpack=True)

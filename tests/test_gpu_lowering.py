@@ -25,6 +25,7 @@ VARIANTS = [(f, {}) for f in test_base.ALL_FORMATS] + [
     ("fp8_e4m3", {"window": 64}), ("kivi2", {"window": 64}), ("kivi2", {"window": 64, "tile_loop": False}),
     ("fp8_e4m3", {"prefetch": 1}), ("int4", {"prefetch": 2}), ("kivi2", {"prefetch": 1}),
     ("kivi4", {"prefetch": 2}),
+    ("int4", {"packed_unpack": True}), ("kivi2", {"packed_unpack": True}), ("kivi4", {"packed_unpack": True}),
 ]
 
 
@@ -41,6 +42,10 @@ def test_lowers_to_triton(fmt_name, opts):
   # two-term 8-bit dots: 2 for q.k, 2 more for p.v; none unless the plan has them
   want = 2 * getattr(plan, "narrow_qk", 0) + 2 * getattr(plan, "narrow_pv", 0)
   assert sum(narrow in d for d in dots) == want
+  # inline-PTX unpacking: 4 bytes per instance, only where asked
+  assert ("tt.elementwise_inline_asm" in ir) == bool(opts.get("packed_unpack"))
+  if opts.get("packed_unpack"):
+    assert "packed_element = 4" in ir
   if fmt_name.startswith("kivi"):
     # The looped program is much smaller than the unrolled one (and compiles faster).
     limit = (130_000 + 40_000 * plan.prefetch) if plan.tile_loop else 400_000
@@ -55,12 +60,14 @@ def test_patch_is_undone():
   assert reg.gpu_info_lib.get_gpu_info is before
 
 
-@pytest.mark.parametrize("fmt_name,carried", [("fp8_e4m3", "tensor<128xbf16>"), ("int8", "tensor<128xbf16>"),
-                                              ("kivi2", "tensor<1x128xbf16>")])
-def test_prefetched_scales_are_loop_carried_unconverted(fmt_name, carried):
+@pytest.mark.parametrize("fmt_name", ["fp8_e4m3", "int8", "kivi2"])
+def test_prefetched_scales_are_loop_carried_unconverted(fmt_name):
   # Triton pipelines only the code tiles; the scales reach the next iteration as raw loads, so
   # nothing converts (and waits on) them in the iteration that issues them.
   q, c = test_base.make_case(fmt_name, [300, 5], num_kv_heads=2, rep=4, capacity=1024)
+  plan = ops.plan_for(c, 1, 4)
+  # per-token scales: one bf16 per token of a block; KIVI: the key group's [1, H] scale/zero rows
+  carried = "tensor<1x128xbf16>" if fmt_name == "kivi2" else f"tensor<{plan.block}xbf16>"
   for distance in (0, 1, 2):
     ir = lowering_check.lower(q, c, prefetch=distance)[0]
     loops = [line for line in ir.splitlines() if "scf.for" in line and "iter_args" in line]

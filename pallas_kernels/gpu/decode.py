@@ -55,6 +55,40 @@ def _u4_to_f16(c, offset):
   return lax.bitcast_convert_type(x, jnp.float16) - jnp.float16(1024 + offset)
 
 
+# Four bytes (4 elements of a row) per instance: shift the whole 32-bit word, mask two bytes' codes
+# into fp16 pairs ``0x6400 | code`` (= 1024 + code) with one lop3 each, and order the pairs with
+# two prmt: 7 instructions per 4 codes. Operands: $0, $1 out (elements 0-1, 2-3); $2 the packed
+# codes; $3 the shift (one byte, repeated).
+_PACKED_UNPACK = """{
+.reg .b32 s, t, a, b;
+and.b32 s, $3, 0xff;
+shr.u32 t, $2, s;
+lop3.b32 a, t, MASK, 0x64006400, 0xea;
+shr.u32 t, t, 8;
+lop3.b32 b, t, MASK, 0x64006400, 0xea;
+prmt.b32 $0, a, b, 0x5410;
+prmt.b32 $1, a, b, 0x7632;
+}"""
+
+
+def unpack_f16(c, shift, bits, offset, packed=False):
+  """uint8 tile c -> fp16 ``((c >> shift) & (2**bits - 1)) - offset`` (shift: int or traced).
+
+  packed: the GPU-only inline-PTX path (`_PACKED_UNPACK`) working on 4 bytes per instruction
+  sequence instead of byte by byte; interpret mode must use packed=False (the same values)."""
+  mask = (1 << bits) - 1
+  if not packed:
+    x = c if isinstance(shift, int) and shift == 0 else c >> (shift if isinstance(shift, int)
+                                                            else shift.astype(jnp.uint8))
+    return _u4_to_f16(x & mask if bits < 8 else x, offset)
+  sh = jnp.broadcast_to(jnp.asarray(shift, jnp.uint8), c.shape)
+  (x,) = plgpu.elementwise_inline_asm(
+      _PACKED_UNPACK.replace("MASK", hex(mask | mask << 16)), args=[c, sh],
+      constraints="=r,=r,r,r", pack=4,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(c.shape, jnp.float16)])
+  return x - jnp.float16(1024 + offset)
+
+
 @dataclasses.dataclass(frozen=True)
 class FlatPlan:
   """Static description of a per-token format (bf16, fp8, int8, int4)."""
@@ -72,6 +106,7 @@ class FlatPlan:
   narrow_qk: bool = False  # q . k on the tensor cores in the cache's own 8-bit type (two-term q)
   narrow_pv: bool = False  # p . v likewise (two-term p * scale)
   prefetch: int = 0  # per-token scales loaded this many blocks ahead (carried through the loop)
+  packed_unpack: bool = False  # INT4 nibbles unpacked 4 bytes at a time by inline PTX (GPU only)
 
 
 def _two_term(x, dtype):
@@ -189,8 +224,9 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
     elif plan.narrow_qk:
       s = _two_term_dot(qk, kc, True)
     elif plan.key_kind == "i4":
-      s = (_dot(qk[0], _u4_to_f16(kc & 0xF, 8), trans_b=True)
-           + _dot(qk[1], _u4_to_f16(kc >> 4, 8), trans_b=True))
+      pk = plan.packed_unpack
+      s = (_dot(qk[0], unpack_f16(kc, 0, 4, 8, pk), trans_b=True)
+           + _dot(qk[1], unpack_f16(kc, 4, 4, 8, pk), trans_b=True))
     else:
       s = _dot(qk[0], kc.astype(jnp.float16), trans_b=True)
     if plan.key_scaled:
@@ -213,7 +249,8 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
         pv = (_two_term_dot(_two_term(pp, vc.dtype), vc, False),)
       elif plan.value_kind == "i4":
         pp = pp.astype(jnp.float16)
-        pv = (_dot(pp, _u4_to_f16(vc & 0xF, 8)), _dot(pp, _u4_to_f16(vc >> 4, 8)))
+        pk = plan.packed_unpack
+        pv = (_dot(pp, unpack_f16(vc, 0, 4, 8, pk)), _dot(pp, unpack_f16(vc, 4, 4, 8, pk)))
       else:
         pv = (_dot(pp.astype(jnp.float16), vc.astype(jnp.float16)),)
     accs = tuple(a * alpha[:, None] + x for a, x in zip(accs, pv))

@@ -53,6 +53,7 @@ class KiviPlan:
   join_values: bool = False  # one [u, H] value tile per key tile (planes interleaved), one dot
   tile_loop: bool = False    # loop over u-token tiles, not unrolled R-blocks (2.7x less Triton IR)
   prefetch: int = 0          # tile_loop: scale/zero rows and columns loaded this many tiles ahead
+  packed_unpack: bool = False  # codes unpacked 4 bytes at a time by inline PTX (GPU only)
 
   @property
   def key_unit(self):  # tokens per key tile: one plane of a byte-row chunk, within one group
@@ -91,10 +92,7 @@ def _kivi_key_tile(q16, k_ref, ks_ref, kz_ref, t0, plane, chunk, plan: KiviPlan,
     gi = (t0 + plane * rows_per_plane + chunk * u) // plan.key_group
     scale_zero = (ks_ref[pl.ds(gi, 1), :], kz_ref[pl.ds(gi, 1), :])  # [1, H]
   sc, zr = (x.astype(jnp.float16) for x in scale_zero)
-  shift = plane * bits
-  if not isinstance(shift, int):
-    shift = shift.astype(jnp.uint8)
-  kf = base._u4_to_f16((byte_rows >> shift) & ((1 << bits) - 1), 0) * sc + zr
+  kf = base.unpack_f16(byte_rows, plane * bits, bits, 0, plan.packed_unpack) * sc + zr
   return base._dot(q16, kf, trans_b=True)
 
 
@@ -136,7 +134,6 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
   cpp = h // nv  # channels per value plane
   wv = plan.value_unit(h)
   gv = plan.value_group
-  vmask = (1 << plan.value_bits) - 1
   m0 = jnp.full((m_rows,), base.NEG, jnp.float32)
   l0 = jnp.zeros((m_rows,), jnp.float32)
   n_vcols = cpp // wv
@@ -177,7 +174,8 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
         for iv in range(nv):
           c0 = iv * cpp + jc * wv
           sc, zr = vscale(c0 // gv)
-          tiles.append(base._u4_to_f16((vb >> (iv * plan.value_bits)) & vmask, 0) * sc + zr)
+          tiles.append(base.unpack_f16(vb, iv * plan.value_bits, plan.value_bits, 0,
+                                       plan.packed_unpack) * sc + zr)
         if plan.join_values:
           accs[0] = accs[0] + base._dot(p16, _interleave(tiles))
         else:

@@ -48,6 +48,10 @@ PREFETCH = 1
 KIVI_PREFETCH = {32: 1}  # KIVI key group -> tiles ahead (others: 0)
 QUANT_BLOCK = 64  # tokens per block for quantized per-token formats
 FLAT_BLOCK = 128  # bf16
+# 2/4-bit codes unpacked 4 bytes per inline-PTX sequence (shift, lop3 into fp16 pairs, prmt) instead
+# of byte by byte (PRMT/LOP3/SHF were 277 of KIVI-2's 749 loop instructions, sm_90 SASS compiled on
+# the CPU). GPU only (no interpret mode); not yet checked or timed on a GPU: off.
+PACKED_UNPACK = False
 
 
 def _pow2_at_least(x, lo):
@@ -87,7 +91,7 @@ def _narrow_ok(spec):
 
 def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, block=None,
              softcap=None, window=None, narrow_qk=None, narrow_pv=None, join_values=None,
-             tile_loop=None, prefetch=None):
+             tile_loop=None, prefetch=None, packed_unpack=None):
   """The static kernel plan for `cache`, or NotImplementedError.
 
   narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
@@ -127,7 +131,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
     return plan.__class__(**{**plan.__dict__, "num_splits": ns, "join_values": bool(join),
                              "tile_loop": bool(loop),
                              "prefetch": (int(KIVI_PREFETCH.get(ks.group_size, 0) if prefetch is None
-                                              else prefetch) if loop else 0)})
+                                              else prefetch) if loop else 0),
+                             "packed_unpack": bool(PACKED_UNPACK if packed_unpack is None else packed_unpack)})
   kk, vk = _kind(fmt.key, "key"), _kind(fmt.value, "value")
   for spec, role in ((fmt.key, "key"), (fmt.value, "value")):
     if isinstance(spec, IntSpec) and spec.bits == 4 and cache.__getattribute__(role[0]).block != h:
@@ -151,7 +156,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       num_splits=ns, softcap=softcap, window=window,
       narrow_qk=bool(narrow_qk) and _narrow_ok(fmt.key),
       narrow_pv=bool(narrow_pv) and _narrow_ok(fmt.value),
-      prefetch=int((0 if kk == vk == "bf16" else PREFETCH) if prefetch is None else prefetch))
+      prefetch=int((0 if kk == vk == "bf16" else PREFETCH) if prefetch is None else prefetch),
+      packed_unpack=bool(PACKED_UNPACK if packed_unpack is None else packed_unpack) and "i4" in (kk, vk))
 
 
 def _per_token(scale, b, kh, s):
@@ -179,7 +185,7 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
                      interpret=None, num_splits=None, block=None, num_warps=None,
                      num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None,
-                     tile_loop=None, prefetch=None):
+                     tile_loop=None, prefetch=None, packed_unpack=None):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`)."""
   if window is not None and (int(window) != window or window < 1):
@@ -198,9 +204,13 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   if rows > MAX_ROWS:
     raise NotImplementedError(f"pallas_gpu: {rows} query rows per KV head > {MAX_ROWS}")
   m_rows = _pow2_at_least(rows, 16)
+  if interpret and packed_unpack:
+    raise ValueError("packed_unpack=True runs inline PTX, which has no interpret mode (needs a GPU)")
+  if interpret:
+    packed_unpack = False
   plan = plan_for(cache, t, rows, num_splits=num_splits, block=block, softcap=logit_softcap,
                   window=window, narrow_qk=narrow_qk, narrow_pv=narrow_pv, join_values=join_values,
-                  tile_loop=tile_loop, prefetch=prefetch)
+                  tile_loop=tile_loop, prefetch=prefetch, packed_unpack=packed_unpack)
   fmt = cache.fmt
   sm = h ** -0.5 if sm_scale is None else sm_scale
   qs = q.astype(jnp.float32).reshape(bq, kh, rows, h) * (sm if logit_softcap else sm * decode.LOG2E)
