@@ -97,8 +97,11 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
   narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
   codes (the other operand split in two 8-bit terms). join_values: KIVI value planes interleaved
   into one tile per key tile (needs a value group covering a whole plane). tile_loop: KIVI's loop
-  steps one key tile instead of one unrolled R-block. None = the module default (NARROW_QK_KINDS,
-  NARROW_PV, JOIN_VALUES, TILE_LOOP: the measured winners).
+  steps one key tile instead of one unrolled R-block. prefetch: scales loaded this many blocks
+  (KIVI: tiles, with tile_loop) ahead. packed_unpack: 2/4-bit codes unpacked by inline PTX (GPU
+  only). block: tokens per block of the per-token kernels (a power of two dividing the capacity).
+  None = the module default (NARROW_QK_KINDS, NARROW_PV, JOIN_VALUES, TILE_LOOP, PREFETCH /
+  KIVI_PREFETCH, QUANT_BLOCK, PACKED_UNPACK: the measured winners; packed unpacking is untimed).
   """
   fmt = cache.fmt
   window = None if window is None else int(window)
