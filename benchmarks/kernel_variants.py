@@ -12,7 +12,7 @@ from pallas_kernels.gpu import ops
 N_HEADS, K_HEADS = 32, 8  # the benchmark's Llama-3-8B head shape
 
 # Session 4: scale loads issued 1-2 blocks ahead (Triton leaves them synchronous in the loop), with
-# the block sizes that change registers per thread (fp8: 193 at 128 tokens, 136 at 64). The winners
+# the block sizes that change registers per thread (fp8: 190 at 128 tokens, 136 at 64). The winners
 # (prefetch 1, block 64) are the defaults now, so these are the neighbours of the default.
 PREFETCH = (dict(prefetch=0), dict(prefetch=2), dict(block=128), dict(block=128, prefetch=0))
 # Session 4 (CPU only, untimed): 2/4-bit codes unpacked by inline PTX, 4 bytes per sequence

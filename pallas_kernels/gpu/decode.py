@@ -78,9 +78,7 @@ def unpack_f16(c, shift, bits, offset, packed=False):
   sequence instead of byte by byte; interpret mode must use packed=False (the same values)."""
   mask = (1 << bits) - 1
   if not packed:
-    x = c if isinstance(shift, int) and shift == 0 else c >> (shift if isinstance(shift, int)
-                                                            else shift.astype(jnp.uint8))
-    return _u4_to_f16(x & mask if bits < 8 else x, offset)
+    return _u4_to_f16((c >> jnp.asarray(shift, jnp.uint8)) & mask, offset)
   sh = jnp.broadcast_to(jnp.asarray(shift, jnp.uint8), c.shape)
   (x,) = plgpu.elementwise_inline_asm(
       _PACKED_UNPACK.replace("MASK", hex(mask | mask << 16)), args=[c, sh],

@@ -160,20 +160,15 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
       """accs += p [M, u] times the dequantized values of tokens tu .. tu + u (vsz: their
       value_scale_zero, already loaded)."""
       p16 = p.astype(jnp.float16)
-      sz = {} if vsz is None else {g: tuple(x.astype(jnp.float16) for x in v) for g, v in vsz.items()}
-
-      def vscale(grp):  # per-token scale and zero of a channel group: [u, 1] fp16
-        if grp not in sz:
-          sz[grp] = (vs_ref[pl.ds(tu, u), pl.ds(grp, 1)].astype(jnp.float16),
-                     vz_ref[pl.ds(tu, u), pl.ds(grp, 1)].astype(jnp.float16))
-        return sz[grp]
+      sz = {g: tuple(x.astype(jnp.float16) for x in v)
+            for g, v in (value_scale_zero(tu) if vsz is None else vsz).items()}
 
       for jc in range(n_vcols):
         vb = v_ref[pl.ds(tu, u), pl.ds(jc * wv, wv)]  # [u, wv] uint8
         tiles = []
         for iv in range(nv):
           c0 = iv * cpp + jc * wv
-          sc, zr = vscale(c0 // gv)
+          sc, zr = sz[c0 // gv]
           tiles.append(base.unpack_f16(vb, iv * plan.value_bits, plan.value_bits, 0,
                                        plan.packed_unpack) * sc + zr)
         if plan.join_values:

@@ -41,7 +41,7 @@ TILE_LOOP = True
 # the kernels compiled for sm_90 on the CPU). `prefetch` = d issues scale loads d blocks ahead.
 # Session-4 sweep (H200, B=8, 32k, decode_parts/decode_s4.json): one block ahead wins for every
 # per-token format (fp8 e4m3 232 -> 203 us, int8 215 -> 194, int4 202 -> 188), two ahead loses
-# (registers); with 64-token blocks (136 instead of 193 registers per thread for fp8, 3 programs per
+# (cause not analysed); with 64-token blocks (136 instead of 190 registers per thread for fp8, 3 programs per
 # SM instead of 2) fp8 e4m3 reaches 183 us, e5m2 183, int8 188. KIVI: one tile ahead for G=32
 # (kivi2 426 -> 404 us, kivi4 436 -> 404), none for G=128 (351 -> 385).
 PREFETCH = 1
