@@ -10,7 +10,8 @@ depends on the previous output, and several cache copies (together > 3x the
 token to their cache every step, so XLA cannot hoist a per-call layout change
 or dequantization out of the loop (DESIGN.md section 6); kvjax is timed both
 as the kernel alone ("kvjax") and as the full step with the in-place append
-("kvjax_step"), and the append alone ("kvjax_append").
+("kvjax_step"), and the append alone ("kvjax_append"); "_pallas" rows store the append's rows
+with the one-kernel writer (`pallas_kernels.gpu.write`) instead of XLA scatters.
 Also: `--check` runs the test-base cases and a large ragged case on the GPU
 against the XLA reference for every format.
 """
@@ -34,7 +35,7 @@ import jax.numpy as jnp
 
 from kvjax import attention, cache as cache_lib, formats
 import pallas_kernels.gpu  # noqa: F401  (registers pallas_gpu)
-from pallas_kernels.gpu import ops
+from pallas_kernels.gpu import ops, write
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import K_HEADS, N_HEADS, check_all, opts_name, sweep_grid  # noqa: E402
@@ -157,25 +158,29 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
     return q, cs
   us = time_loop(attend, (q, caches), steps, reps) / ns
   rows.append(("kvjax", us, nb))
-  if do_step:
-    full = decode_step(functools.partial(ops.decode_attention, **(opts or {})), b, ctx, length)
-    rows.append(("kvjax_step", time_loop(full, (q, caches), steps, reps) / ns, nb))
+  if do_step:  # the step and the append alone, with each cache writer (suffix "_pallas": one kernel)
+    for suffix, append_fn in (("", cache_lib.append), ("_pallas", write.append)):
+      full = decode_step(functools.partial(ops.decode_attention, **(opts or {})), b, ctx, length,
+                         append_fn)
+      rows.append(("kvjax_step" + suffix, time_loop(full, (q, caches), steps, reps) / ns, nb))
 
-    def app(x):
-      q, cs = x
-      new = []
-      for c in cs:
-        t = new_token(q, b)
-        c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
-        new.append(cache_lib.append(c, t, t))
-      return q, tuple(new)
-    rows.append(("kvjax_append", time_loop(app, (q, caches), steps, reps) / ns, 0))
+      def app(x, append_fn=append_fn):
+        q, cs = x
+        new = []
+        for c in cs:
+          t = new_token(q, b)
+          c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
+          new.append(append_fn(c, t, t))
+        return q, tuple(new)
+      rows.append(("kvjax_append" + suffix, time_loop(app, (q, caches), steps, reps) / ns, 0))
   return rows
 
 
-def decode_step(attend_fn, b, ctx, length):
+def decode_step(attend_fn, b, ctx, length, append_fn=None):
   """A real decode step over each cache set: attend, append a token derived from the output (the
   cache changes every step, nothing is hoisted), and chain the next query on the output."""
+  append_fn = append_fn or cache_lib.append
+
   def full(x):
     q, cs = x
     new = []
@@ -183,7 +188,7 @@ def decode_step(attend_fn, b, ctx, length):
       o = attend_fn(q, c)
       t = new_token(o, b)
       c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
-      new.append(cache_lib.append(c, t, t))
+      new.append(append_fn(c, t, t))
       q = chain(q, o)
     return q, tuple(new)
   return full

@@ -107,11 +107,11 @@ def bytes_per_iteration(plan, head_dim=128):
   return codes + kscale + vscale
 
 
-def analyze(fmt_name, opts, py, workdir, warps=4, stages=3):
+def analyze(fmt_name, opts, py, workdir):
   from pallas_kernels.gpu import ops
-  warps = opts.get("num_warps", warps)
   stages = opts.get("num_stages", ops.QUANT_STAGES if fmt_name != "bf16" else 2)
   ir, plan = lower(fmt_name, opts)
+  warps = opts.get("num_warps", ops.default_warps(plan))  # as ops.decode_attention runs it
   tag = re.sub(r"[^A-Za-z0-9_]+", "_", fmt_name + json.dumps(opts, sort_keys=True))
   path = os.path.join(workdir, tag + ".ttir")
   with open(path, "w") as f:

@@ -11,23 +11,16 @@ from pallas_kernels.gpu import ops
 
 N_HEADS, K_HEADS = 32, 8  # the benchmark's Llama-3-8B head shape
 
-# Session 4: scale loads issued 1-2 blocks ahead (Triton leaves them synchronous in the loop), with
-# the block sizes that change registers per thread (fp8: 190 at 128 tokens, 136 at 64). The winners
-# (prefetch 1, block 64) are the defaults now, so these are the neighbours of the default.
-PREFETCH = (dict(prefetch=0), dict(prefetch=2), dict(block=128), dict(block=128, prefetch=0))
-# Session 4 (CPU only, untimed): 2/4-bit codes unpacked by inline PTX, 4 bytes per sequence
-# (KIVI-2's loop 749 -> 627 instructions in the SASS compiled on the CPU).
-PACKED = (dict(packed_unpack=True),)
-KIVI_PREFETCH = (dict(prefetch=0), dict(prefetch=2))  # G=32 default: 1
-# 2 warps per program (CPU SASS: KIVI-2 0.68 instead of 0.98 warp-instructions per byte, fp8 0.113
-# instead of 0.137, at 4 programs/SM, i.e. 8 warps/SM instead of 12): untimed.
-TWO_WARPS = (dict(num_warps=2),)
-VARIANTS = {"fp8_e4m3": PREFETCH + (dict(narrow_qk=True),) + TWO_WARPS,
-            "fp8_e5m2": PREFETCH[:3], "int4": PREFETCH[:3] + PACKED,
-            "int8": PREFETCH + (dict(narrow_qk=False),) + TWO_WARPS,
-            "kivi2": KIVI_PREFETCH + PACKED + TWO_WARPS + (dict(num_warps=2, packed_unpack=True),),
-            "kivi2_g128": (dict(prefetch=1),) + PACKED + TWO_WARPS,
-            "kivi4": KIVI_PREFETCH + PACKED + TWO_WARPS}
+# Neighbours of the defaults set from session 5's sweep (decode_parts/decode_s5.json): fp8/int8 run
+# 2 warps, int4 and KIVI unpack with inline PTX, KIVI G=32 runs 2 warps. Older variants (prefetch,
+# block, narrow dots, joined values, tile loop) are settled in decode_s3/s4/s5.json.
+FLAT = (dict(num_warps=4), dict(num_warps=2, block=128), dict(num_warps=2, prefetch=0),
+        dict(num_warps=2, num_stages=4))
+VARIANTS = {"fp8_e4m3": FLAT, "int8": FLAT,
+            "int4": (dict(num_warps=2), dict(packed_unpack=False)),
+            "kivi2": (dict(num_warps=4), dict(packed_unpack=False)),
+            "kivi2_g128": (dict(packed_unpack=False),),
+            "kivi4": (dict(num_warps=4), dict(packed_unpack=False))}
 # ^ kernel options checked (--check) and swept (--sweep) beside the defaults. Session 3's
 # variants (narrow dots, joined values, tile loop) are measured and settled: decode_parts/decode_s3.json
 

@@ -27,7 +27,8 @@ adds a `checkify` check instead, for `checkify.checkify`-wrapped callers.
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,7 @@ from kvjax import quant
 from kvjax.formats import FP8Spec, KIVISpec, KVFormat, Passthrough, QuantSpec
 from kvjax.quant import QArray
 
-__all__ = ["KVCache", "init_cache", "append", "prefill", "materialize", "stack", "unstack",
+__all__ = ["KVCache", "RowWrite", "init_cache", "append", "scatter_writes", "prefill", "materialize", "stack", "unstack",
            "static_scale_shape"]
 
 
@@ -193,13 +194,50 @@ def _scatter_tokens(dst: Array, new: Array, pos: Array) -> Array:
   return jax.vmap(one)(dst, new, pos)
 
 
-def _write_per_token(old: QArray, new: QArray, pos: Array) -> QArray:
-  """Writes the codes of `new` (and its per-token scales, if any) at token rows `pos`."""
-  codes = _scatter_tokens(old.codes, new.codes, pos)
-  if old.scale is None or (isinstance(old.spec, FP8Spec) and old.spec.static):
-    return old.replace(codes=codes)
-  zero = None if old.zero is None else _scatter_tokens(old.zero, new.zero, pos)
-  return old.replace(codes=codes, scale=_scatter_tokens(old.scale, new.scale, pos), zero=zero)
+@dataclasses.dataclass(frozen=True)
+class RowWrite:
+  """One append's store into a cache leaf: `new` ``[B, K, n, X...]`` at token rows `pos` ``[B, n]``
+  of the leaf viewed as ``[B, K, S', X...]`` (`view`); rows outside ``[0, S')`` are dropped.
+
+  `leaf` names the cache leaf ("k.codes", "v.scale", "k.zero", "v_res", "k_sink", ...).
+  """
+
+  leaf: str
+  view: tuple[int, ...]
+  new: Array
+  pos: Array
+
+
+def get_leaf(cache: "KVCache", name: str) -> Array:
+  obj = cache
+  for part in name.split("."):
+    obj = getattr(obj, part)
+  return obj
+
+
+def set_leaves(cache: "KVCache", values: dict[str, Array]) -> "KVCache":
+  """`cache` with the named leaves replaced."""
+  k_new = {n.split(".")[1]: a for n, a in values.items() if n.startswith("k.")}
+  v_new = {n.split(".")[1]: a for n, a in values.items() if n.startswith("v.")}
+  top = {n: a for n, a in values.items() if "." not in n}
+  return cache.replace(k=cache.k.replace(**k_new), v=cache.v.replace(**v_new), **top)
+
+
+def scatter_writes(cache: "KVCache", writes: Sequence[RowWrite]) -> "KVCache":
+  """Applies `writes` with XLA scatters (in place under donation): the reference row writer."""
+  out = {}
+  for w in writes:
+    leaf = out.get(w.leaf, get_leaf(cache, w.leaf))
+    out[w.leaf] = _scatter_tokens(leaf.reshape(w.view), w.new, w.pos).reshape(leaf.shape)
+  return set_leaves(cache, out)
+
+
+def _write_per_token(old: QArray, new: QArray, pos: Array, role: str) -> list[RowWrite]:
+  """Writes of the codes of `new` (and its per-token scales, if any) at token rows `pos`."""
+  names = ["codes"]
+  if not (old.scale is None or (isinstance(old.spec, FP8Spec) and old.spec.static)):
+    names += ["scale"] + ([] if old.zero is None else ["zero"])
+  return [RowWrite(f"{role}.{n}", getattr(old, n).shape, getattr(new, n), pos) for n in names]
 
 
 def _without_sinks(blocks: Array, first: Array, sink: int) -> Array:
@@ -237,26 +275,25 @@ def _flush_keys(cache: KVCache, k_new: Array, count: Array):
   blk = jnp.arange(n_blocks)
   dest = jnp.where(blk[None] < full[:, None], (lengths - r)[:, None] // r_len + blk[None], n_stored)
 
-  def put(old, new):
-    old_b = old.reshape(b, h, n_stored, -1, d)
-    return _scatter_tokens(old_b, new, dest).reshape(old.shape)
-
-  k = cache.k.replace(codes=put(cache.k.codes, qb.codes), scale=put(cache.k.scale, qb.scale),
-                      zero=put(cache.k.zero, qb.zero))
+  writes = [RowWrite(f"k.{n}", (b, h, n_stored, -1, d), getattr(qb, n), dest)
+            for n in ("codes", "scale", "zero")]
   start = full * r_len
   res = jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, r_len, axis=1))(buf, start)
   keep = jnp.arange(r_len)[None, :] < (m - start)[:, None]
   res = jnp.where(keep[:, None, :, None], res, 0).astype(cache.k_res.dtype)
-  return k, res
+  return writes, res
 
 
 def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"],
-           num_new: Int[Array, "B"] | None = None, *, checked: bool = False) -> KVCache:
+           num_new: Int[Array, "B"] | None = None, *, checked: bool = False,
+           write_rows: Callable[[KVCache, Sequence[RowWrite]], KVCache] = scatter_writes) -> KVCache:
   """Appends T tokens to every sequence (or `num_new[b]` <= T of them) and returns the new cache.
 
   Prefill, chunked prefill, decode (T = 1) and speculative verification
   (small T) all go through here. Token j of sequence b lands at position
   ``lengths[b] + j``. See the module docstring for what happens at capacity.
+  `write_rows` stores the quantized rows into the cache leaves (default: XLA
+  scatters; `pallas_kernels.gpu.write.write_rows` does them in one kernel).
   """
   stacked = cache.num_layers is not None
   want = 5 if stacked else 4
@@ -280,7 +317,7 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
       raise ValueError(f"append past capacity or bad num_new: lengths {np.asarray(lengths)} + "
                        f"num_new {c} must be <= capacity ({s_cap}), with 0 <= num_new <= T ({n})")
   if stacked:
-    return jax.vmap(lambda c_, a, b_: append(c_, a, b_, count))(cache, k, v)
+    return jax.vmap(lambda c_, a, b_: append(c_, a, b_, count, write_rows=write_rows))(cache, k, v)
   _check_new(cache, k, v)
   lengths = cache.lengths
   count = jnp.clip(jnp.minimum(count, s_cap - lengths), 0, n)
@@ -292,22 +329,24 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
     k = k.astype(fmt.residual_dtype)
     v = v.astype(fmt.residual_dtype)
   new_v = quant.quantize(v, fmt.value, scale=cache.v.scale, block=cache.v.block or None)
-  vq = _write_per_token(cache.v, new_v, pos)
+  writes = _write_per_token(cache.v, new_v, pos, "v")
+  k_res = None
   if fmt.is_kivi:
     r_len = fmt.residual
     end = lengths + count
     in_window = valid & (pos >= (end - r_len)[:, None])
     slot = jnp.where(in_window, pos % r_len, r_len)
-    v_res = _scatter_tokens(cache.v_res, v, slot)
-    kq, k_res = _flush_keys(cache, k, count)
+    writes.append(RowWrite("v_res", cache.v_res.shape, v, slot))
+    k_writes, k_res = _flush_keys(cache, k, count)
+    writes += k_writes
   else:
     new_k = quant.quantize(k, fmt.key, scale=cache.k.scale, block=cache.k.block or None)
-    kq, k_res, v_res = _write_per_token(cache.k, new_k, pos), None, None
-  sinks = {}
+    writes += _write_per_token(cache.k, new_k, pos, "k")
   if fmt.sink:
     slot = jnp.where(valid & (pos < fmt.sink), pos, fmt.sink)  # others dropped
-    sinks = dict(k_sink=_scatter_tokens(cache.k_sink, k, slot), v_sink=_scatter_tokens(cache.v_sink, v, slot))
-  return cache.replace(k=kq, v=vq, k_res=k_res, v_res=v_res, lengths=lengths + count, **sinks)
+    writes += [RowWrite("k_sink", cache.k_sink.shape, k, slot),
+               RowWrite("v_sink", cache.v_sink.shape, v, slot)]
+  return write_rows(cache.replace(k_res=k_res, lengths=lengths + count), writes)
 
 
 def prefill(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"],

@@ -228,7 +228,7 @@ class KVAttention(nnx.Module):
     q, k, v = self._project(x, positions)
     opts = dict(sm_scale=self.sm_scale, logit_softcap=self.logit_softcap, window=self.window)
     if x.shape[1] == 1:  # decode: append, then attend over the cache through the dispatcher
-      cache = cache.append(k, v, count)
+      cache = dispatch.append(cache, k, v, count, implementation=impl)
       o = dispatch.decode_attention(q, cache, implementation=impl, **opts)
     else:  # prefill / chunked prefill: earlier tokens as stored, this chunk unquantized
       o, cache = attention.prefill_attention(q, k, v, cache, count, **opts)

@@ -48,13 +48,69 @@ def test_append_inplace_matches_append(fmt_name):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
+def _assert_same_bits(want, got):
+  for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got), strict=True):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+@pytest.mark.parametrize("fmt_name", list(test_base.ALL_FORMATS) + ["kivi2_sink4"])
+def test_pallas_append_equals_xla_append(fmt_name):
+  """One-kernel row writer == XLA scatters, bit for bit: T = 1 over empty, full-window (KIVI flush
+  at 127 -> 128) and near-capacity sequences, then T = 3 with ragged num_new (0..3), twice."""
+  if fmt_name == "kivi2_sink4":  # sink rows are one more leaf pair to write
+    c = cache_lib.init_cache(formats.kivi(2, 32, 128, sink=4), 5, 2, 256, 128)
+    x = jax.random.normal(jax.random.PRNGKey(0), (5, 2, 256, 128))
+    c = cache_lib.append(c, x, -x, jnp.asarray([0, 1, 127, 128, 254]))
+  else:
+    _, c = test_base.make_case(fmt_name, [0, 1, 127, 128, 254], capacity=256)
+  k = jax.random.normal(jax.random.PRNGKey(1), (5, 2, 1, 128)) * 3
+  _assert_same_bits(cache_lib.append(c, k, -k), write.append(c, k, -k, interpret=INTERPRET))
+  k3 = jax.random.normal(jax.random.PRNGKey(2), (5, 2, 3, 128))
+  n = jnp.asarray([3, 0, 1, 2, 2])  # the last sequence reaches capacity, then (under jit) drops
+  want, got = c, c
+  for jit in (False, True):
+    ref_fn = lambda c_: cache_lib.append(c_, k3, k3 * 0.5, n)
+    pl_fn = lambda c_: write.append(c_, k3, k3 * 0.5, n, interpret=INTERPRET)
+    want, got = (jax.jit(ref_fn) if jit else ref_fn)(want), (jax.jit(pl_fn) if jit else pl_fn)(got)
+    _assert_same_bits(want, got)
+  assert int(got.lengths[-1]) == 256
+
+
+def test_pallas_append_stacked_and_dispatch():
+  _, c = test_base.make_case("kivi2", [126, 127, 300])
+  stacked = cache_lib.stack([c, c])
+  k = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 2, 1, 128))
+  _assert_same_bits(cache_lib.append(stacked, k, k),
+                    cache_lib.append(stacked, k, k, write_rows=lambda c_, w: write.write_rows(
+                        c_, w, interpret=INTERPRET)))
+  k1 = k[0]
+  _assert_same_bits(cache_lib.append(c, k1, k1), dispatch.append(c, k1, k1, implementation="pallas_gpu"))
+  _assert_same_bits(cache_lib.append(c, k1, k1), dispatch.append(c, k1, k1, implementation="xla"))
+  with pytest.raises(ValueError, match="unknown implementation"):
+    dispatch.append(c, k1, k1, implementation="cuda_magic")
+
+
+def test_pallas_append_declines_rows_triton_cannot_tile():
+  # head_dim 96: a 96-element row is not a Triton tile; dispatch falls back to XLA scatters.
+  fmt = formats.preset("fp8_e4m3")
+  c = cache_lib.init_cache(fmt, 2, 2, 64, 96)
+  k = jax.random.normal(jax.random.PRNGKey(0), (2, 2, 1, 96))
+  with pytest.raises(NotImplementedError, match="96 elements"):
+    write.append(c, k, k, interpret=True)
+  with pytest.warns(UserWarning, match="declined"):
+    got = dispatch.append(c, k, k, implementation="pallas_gpu", warn_on_fallback=True)
+  _assert_same_bits(cache_lib.append(c, k, k), got)
+
+
 def test_decode_step_equals_append_then_reference():
   q, c = test_base.make_case("kivi2", [126, 127, 300])
   k = jax.random.normal(jax.random.PRNGKey(2), (3, 2, 1, 128))
   ref = attention.decode_attention(q.astype(jnp.float32), cache_lib.append(c, k, k))
-  out, c2 = write.decode_step(q, k, k, jax.tree_util.tree_map(jnp.copy, c), implementation="xla")
-  np.testing.assert_array_equal(np.asarray(c2.lengths), [127, 128, 301])
-  assert test_base.relative_error(out, ref) < 1e-2
+  for impl in ("xla", "pallas_gpu"):
+    out, c2 = write.decode_step(q, k, k, jax.tree_util.tree_map(jnp.copy, c), implementation=impl)
+    np.testing.assert_array_equal(np.asarray(c2.lengths), [127, 128, 301])
+    assert test_base.relative_error(out, ref) < 1e-2, impl
 
 
 def test_unsupported_falls_back_to_xla():

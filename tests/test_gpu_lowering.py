@@ -25,7 +25,7 @@ VARIANTS = [(f, {}) for f in test_base.ALL_FORMATS] + [
     ("fp8_e4m3", {"window": 64}), ("kivi2", {"window": 64}), ("kivi2", {"window": 64, "tile_loop": False}),
     ("fp8_e4m3", {"prefetch": 1}), ("int4", {"prefetch": 2}), ("kivi2", {"prefetch": 1}),
     ("kivi4", {"prefetch": 2}),
-    ("int4", {"packed_unpack": True}), ("kivi2", {"packed_unpack": True}), ("kivi4", {"packed_unpack": True}),
+    ("int4", {"packed_unpack": False}), ("kivi2", {"packed_unpack": False}), ("kivi4", {"packed_unpack": False}),
 ]
 
 
@@ -42,9 +42,10 @@ def test_lowers_to_triton(fmt_name, opts):
   # two-term 8-bit dots: 2 for q.k, 2 more for p.v; none unless the plan has them
   want = 2 * getattr(plan, "narrow_qk", 0) + 2 * getattr(plan, "narrow_pv", 0)
   assert sum(narrow in d for d in dots) == want
-  # inline-PTX unpacking: 4 bytes per instance, only where asked
-  assert ("tt.elementwise_inline_asm" in ir) == bool(opts.get("packed_unpack"))
-  if opts.get("packed_unpack"):
+  # inline-PTX unpacking (the default for 2/4-bit codes on a GPU): 4 bytes per instance, only there
+  assert ("tt.elementwise_inline_asm" in ir) == plan.packed_unpack
+  assert plan.packed_unpack == (fmt_name.startswith(("kivi", "int4")) and opts.get("packed_unpack", True))
+  if plan.packed_unpack:
     assert "packed_element = 4" in ir
   if fmt_name.startswith("kivi"):
     # The looped program is much smaller than the unrolled one (and compiles faster).

@@ -18,7 +18,7 @@ from kvjax.cache import KVCache
 from kvjax.formats import FP8Spec, IntSpec, Passthrough
 from pallas_kernels.gpu import decode, kivi
 
-__all__ = ["decode_attention", "plan_for", "default_splits"]
+__all__ = ["decode_attention", "plan_for", "default_splits", "default_warps"]
 
 NUM_SMS = 132  # H200; only steers the split heuristic
 MAX_ROWS = 64
@@ -50,8 +50,16 @@ QUANT_BLOCK = 64  # tokens per block for quantized per-token formats
 FLAT_BLOCK = 128  # bf16
 # 2/4-bit codes unpacked 4 bytes per inline-PTX sequence (shift, lop3 into fp16 pairs, prmt) instead
 # of byte by byte (PRMT/LOP3/SHF were 277 of KIVI-2's 749 loop instructions, sm_90 SASS compiled on
-# the CPU). GPU only (no interpret mode); not yet checked or timed on a GPU: off.
-PACKED_UNPACK = False
+# the CPU). GPU only (no interpret mode).
+PACKED_UNPACK = True
+# Session-5 sweep (H200, B=8, 32k, decode_parts/decode_s5.json; all variants GPU-checked first):
+# packed unpacking int4 187 -> 161 us, kivi2_g128 357 -> 344, kivi4 407 -> 381; two warps per
+# program fp8 e4m3 182 -> 172, int8 189 -> 181, kivi4 407 -> 366, kivi2 409 -> 364 (356 with packed
+# unpacking); G=128 loses with two warps (373). Interpret mode turns packed unpacking off.
+# Confirmed in the second call (decode_s5b.json): fp8 172 us (183 with 4 warps), int8 182 (189),
+# kivi2 356 (365), kivi4 362 (380); int4 with two warps as well 161 -> 155 us.
+FLAT_WARPS = {"f8": 2, "i8": 2, "i4": 2}  # key kind of the per-token kernels -> warps (others: 4)
+KIVI_WARPS = {32: 2}  # KIVI key group -> warps (others: 4)
 
 
 def _pow2_at_least(x, lo):
@@ -101,7 +109,7 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
   (KIVI: tiles, with tile_loop) ahead. packed_unpack: 2/4-bit codes unpacked by inline PTX (GPU
   only). block: tokens per block of the per-token kernels (a power of two dividing the capacity).
   None = the module default (NARROW_QK_KINDS, NARROW_PV, JOIN_VALUES, TILE_LOOP, PREFETCH /
-  KIVI_PREFETCH, QUANT_BLOCK, PACKED_UNPACK: the measured winners; packed unpacking is untimed).
+  KIVI_PREFETCH, QUANT_BLOCK, PACKED_UNPACK: the measured winners).
   """
   fmt = cache.fmt
   window = None if window is None else int(window)
@@ -163,6 +171,13 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       packed_unpack=bool(PACKED_UNPACK if packed_unpack is None else packed_unpack) and "i4" in (kk, vk))
 
 
+def default_warps(plan) -> int:
+  """Warps per program for `plan` (FLAT_WARPS / KIVI_WARPS, measured)."""
+  if isinstance(plan, kivi.KiviPlan):
+    return KIVI_WARPS.get(plan.key_group, 4)
+  return FLAT_WARPS.get(plan.key_kind, 4) if plan.key_kind == plan.value_kind else 4
+
+
 def _per_token(scale, b, kh, s):
   return scale.reshape(b, kh, s)  # [B, K, S, 1] -> [B, K, S]: a bitcast, no copy
 
@@ -220,9 +235,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   if isinstance(fmt.key, FP8Spec) and fmt.key.static:
     qs = qs * jnp.asarray(cache.k.scale, jnp.float32)  # [1|B, K|1, 1, H|1] broadcasts
   qs = jnp.pad(qs, ((0, 0), (0, 0), (0, m_rows - rows), (0, 0)))
-  kw = {}
-  if num_warps is not None:
-    kw["num_warps"] = num_warps
+  kw = {"num_warps": default_warps(plan) if num_warps is None else num_warps}
   if num_stages is not None:
     kw["num_stages"] = num_stages
   elif not isinstance(fmt.key, Passthrough):
