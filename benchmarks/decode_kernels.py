@@ -2,7 +2,9 @@
 
     python3 benchmarks/decode_kernels.py --out benchmarks/results/decode_h200.json
 
-Llama-3-8B head shape (32 query heads, 8 KV heads, head_dim 128), one query
+Llama-3-8B head shape (32 query heads, 8 KV heads, head_dim 128) by default;
+`--shape gemma2_2b` times Gemma-2-2B's (8 query heads, 4 KV heads, head_dim
+256, logit soft-cap 50 in the kvjax kernels; the bf16 peers have no soft-cap). One query
 token. Timing is on the device: `steps` decode steps run inside one jitted
 `fori_loop` (warm-up call first, median of `--reps` calls); each step's query
 depends on the previous output, and several cache copies (together > 3x the
@@ -11,7 +13,8 @@ token to their cache every step, so XLA cannot hoist a per-call layout change
 or dequantization out of the loop (DESIGN.md section 6); kvjax is timed both
 as the kernel alone ("kvjax") and as the full step with the in-place append
 ("kvjax_step"), and the append alone ("kvjax_append"); "_pallas" rows store the append's rows
-with the one-kernel writer (`pallas_kernels.gpu.write`) instead of XLA scatters.
+with the one-kernel writer (`pallas_kernels.gpu.write`) instead of XLA scatters, "_pallas_flush"
+(KIVI) with the key block quantized inside that kernel too.
 Also: `--check` runs the test-base cases and a large ragged case on the GPU
 against the XLA reference for every format.
 """
@@ -19,6 +22,7 @@ against the XLA reference for every format.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -38,9 +42,10 @@ import pallas_kernels.gpu  # noqa: F401  (registers pallas_gpu)
 from pallas_kernels.gpu import ops, write
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_variants import K_HEADS, N_HEADS, check_all, opts_name, sweep_grid  # noqa: E402
+from kernel_variants import SHAPES, check_all, opts_name, sweep_grid  # noqa: E402
 
-HEAD_DIM = 128  # with kernel_variants.N_HEADS / K_HEADS: Llama-3-8B heads
+SHAPE = SHAPES["llama3_8b"]  # the timed head shape; main() sets it from --shape
+WINDOW = None  # sliding window of the kvjax kernels (Gemma local layers); main() sets it from --window
 L2_BYTES = 60e6
 KV_FORMATS = ("bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "kivi4", "kivi2", "kivi2_g128")
 BF16_PEERS = ("cudnn", "xla_dpa", "jax_pallas_mqa", "xla_einsum", "torch_sdpa")
@@ -52,7 +57,7 @@ BF16_PEERS = ("cudnn", "xla_dpa", "jax_pallas_mqa", "xla_einsum", "torch_sdpa")
 def random_cache(fmt_name, b, s, length, key):
   """A full-capacity cache with random (never zero) contents and lengths `length`."""
   fmt = formats.preset(fmt_name)
-  c = cache_lib.init_cache(fmt, b, K_HEADS, s, HEAD_DIM)
+  c = cache_lib.init_cache(fmt, b, SHAPE.k_heads, s, SHAPE.head_dim)
   leaves, tree = jax.tree_util.tree_flatten(c)
   keys = jax.random.split(key, len(leaves))
   out = []
@@ -118,7 +123,7 @@ def chain(q, out):
 
 def new_token(out, b):
   """A fresh [B, K, 1, H] key/value derived from the output (the step's data dependence)."""
-  return out.reshape(b, K_HEADS, N_HEADS // K_HEADS, 1, HEAD_DIM)[:, :, 0].astype(jnp.float32)
+  return out.reshape(b, SHAPE.k_heads, SHAPE.rep, 1, SHAPE.head_dim)[:, :, 0].astype(jnp.float32)
 
 
 def steps_for(us_guess):
@@ -137,12 +142,17 @@ def cache_sets(fmt_name, b, ctx, key):
   the bytes one step reads, and a query."""
   length = ctx - 256
   c0 = random_cache(fmt_name, b, ctx, length, key)
-  nb = cache_bytes_read(c0, length)
+  nb = cache_bytes_read(c0, length if WINDOW is None else min(length, WINDOW))
   ns = n_sets(c0.nbytes)
   caches = tuple([c0] + [random_cache(fmt_name, b, ctx, length, jax.random.fold_in(key, i))
                          for i in range(1, ns)])
-  q = jax.random.normal(jax.random.fold_in(key, 99), (b, N_HEADS, 1, HEAD_DIM), jnp.bfloat16)
+  q = jax.random.normal(jax.random.fold_in(key, 99), (b, SHAPE.n_heads, 1, SHAPE.head_dim), jnp.bfloat16)
   return length, nb, ns, caches, q
+
+
+def kernel_options(opts=None):
+  """Keyword arguments of the kvjax kernel: the shape's logit soft-cap and the kernel options."""
+  return {"logit_softcap": SHAPE.softcap, "window": WINDOW, **(opts or {})}
 
 
 def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
@@ -154,14 +164,17 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
   def attend(x):
     q, cs = x
     for c in cs:
-      q = chain(q, ops.decode_attention(q, c, **(opts or {})))
+      q = chain(q, ops.decode_attention(q, c, **kernel_options(opts)))
     return q, cs
   us = time_loop(attend, (q, caches), steps, reps) / ns
   rows.append(("kvjax", us, nb))
   if do_step:  # the step and the append alone, with each cache writer (suffix "_pallas": one kernel)
-    for suffix, append_fn in (("", cache_lib.append), ("_pallas", write.append)):
-      full = decode_step(functools.partial(ops.decode_attention, **(opts or {})), b, ctx, length,
-                         append_fn)
+    writers = [("", cache_lib.append), ("_pallas", write.append)]
+    if formats.preset(fmt_name).is_kivi:  # the KIVI key block quantized inside the write kernel
+      writers.append(("_pallas_flush", functools.partial(write.append, flush_in_kernel=True)))
+    for suffix, append_fn in writers:
+      full = decode_step(functools.partial(ops.decode_attention, **kernel_options(opts)), b, ctx,
+                         length, append_fn)
       rows.append(("kvjax_step" + suffix, time_loop(full, (q, caches), steps, reps) / ns, nb))
 
       def app(x, append_fn=append_fn):
@@ -198,25 +211,28 @@ def xla_dequant_row(fmt_name, b, ctx, reps, key):
   """kvjax's XLA reference (dequantize, then attend), cache appended every step."""
   length, nb, ns, caches, q = cache_sets(fmt_name, b, ctx, key)
 
-  full = decode_step(attention.decode_attention, b, ctx, length)
+  full = decode_step(functools.partial(attention.decode_attention, logit_softcap=SHAPE.softcap,
+                                       window=WINDOW), b, ctx, length)
   steps = max(1, steps_for(nb / 1.5e6) // ns)
   return time_loop(full, (q, caches), steps, reps) / ns, nb
 
 
 def bf16_peer_row(impl, b, ctx, reps, key):
-  """bf16 peers. Token-major [B, S, K, H] for jax.nn.dot_product_attention, head-major otherwise."""
+  """bf16 peers. Token-major [B, S, K, H] for jax.nn.dot_product_attention, head-major otherwise.
+
+  The peers have no logit soft-cap (Gemma-2 shape): they do a little less work than kvjax."""
   length = ctx - 256
-  per = b * ctx * K_HEADS * HEAD_DIM * 2
+  per = b * ctx * SHAPE.k_heads * SHAPE.head_dim * 2
   nb = 2 * per * length / ctx
   ns = n_sets(2 * per)
   head_major = impl in ("jax_pallas_mqa", "xla_einsum")
-  shape = (b, K_HEADS, ctx, HEAD_DIM) if head_major else (b, ctx, K_HEADS, HEAD_DIM)
+  shape = (b, SHAPE.k_heads, ctx, SHAPE.head_dim) if head_major else (b, ctx, SHAPE.k_heads, SHAPE.head_dim)
   kvs = tuple((jax.random.normal(jax.random.fold_in(key, 2 * i), shape, jnp.bfloat16),
                jax.random.normal(jax.random.fold_in(key, 2 * i + 1), shape, jnp.bfloat16))
               for i in range(ns))
   lens = jnp.full((b,), length, jnp.int32)
-  q = jax.random.normal(jax.random.fold_in(key, 99), (b, N_HEADS, 1, HEAD_DIM), jnp.bfloat16)
-  rep = N_HEADS // K_HEADS
+  q = jax.random.normal(jax.random.fold_in(key, 99), (b, SHAPE.n_heads, 1, SHAPE.head_dim), jnp.bfloat16)
+  rep = SHAPE.rep
 
   if impl in ("cudnn", "xla_dpa"):
     def attn(q, k, v):
@@ -230,18 +246,18 @@ def bf16_peer_row(impl, b, ctx, reps, key):
       from jax.experimental.pallas.ops.gpu import decode_attention as jdec
 
     def attn(q, k, v):
-      o = jdec.mqa(q.reshape(b * K_HEADS, rep, HEAD_DIM), k.reshape(b * K_HEADS, ctx, HEAD_DIM),
-                   v.reshape(b * K_HEADS, ctx, HEAD_DIM),
-                   kv_seq_len=jnp.repeat(lens, K_HEADS), k_splits=16)
-      return o.reshape(b, N_HEADS, 1, HEAD_DIM)
+      bk, d = b * SHAPE.k_heads, SHAPE.head_dim
+      o = jdec.mqa(q.reshape(bk, rep, d), k.reshape(bk, ctx, d), v.reshape(bk, ctx, d),
+                   kv_seq_len=jnp.repeat(lens, SHAPE.k_heads), k_splits=16)
+      return o.reshape(b, SHAPE.n_heads, 1, SHAPE.head_dim)
   else:  # xla_einsum, head-major
     def attn(q, k, v):
-      qg = q.reshape(b, K_HEADS, rep, HEAD_DIM)
-      s = jnp.einsum("bkrh,bksh->bkrs", qg, k, preferred_element_type=jnp.float32) * HEAD_DIM ** -0.5
+      qg = q.reshape(b, SHAPE.k_heads, rep, SHAPE.head_dim)
+      s = jnp.einsum("bkrh,bksh->bkrs", qg, k, preferred_element_type=jnp.float32) * SHAPE.head_dim ** -0.5
       s = jnp.where(jnp.arange(ctx)[None, None, None] < lens[:, None, None, None], s, -1e30)
       p = jax.nn.softmax(s, axis=-1)
       o = jnp.einsum("bkrs,bksh->bkrh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-      return o.reshape(b, N_HEADS, 1, HEAD_DIM).astype(q.dtype)
+      return o.reshape(b, SHAPE.n_heads, 1, SHAPE.head_dim).astype(q.dtype)
 
   # Custom calls (cudnn, Pallas) cannot be hoisted; plain XLA paths append every step.
   append = impl in ("xla_dpa", "xla_einsum")
@@ -282,8 +298,7 @@ def stream_tbps(reps, gb=4.0):
 
 TORCH_SNIPPET = r"""
 import json, sys, torch, torch.nn.functional as F
-b, ctx, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-K, N, H = 8, 32, 128
+b, ctx, reps, K, N, H = map(int, sys.argv[1:7])
 length = ctx - 256
 per = b * ctx * K * H * 2
 ns = int(min(16, max(1, -(-3 * 60e6 // (2 * per)))))
@@ -313,7 +328,8 @@ print(json.dumps({"us": ts[len(ts) // 2], "bytes": 2 * per * length / ctx}))
 
 def torch_row(b, ctx, reps):
   try:
-    r = subprocess.run([sys.executable, "-c", TORCH_SNIPPET, str(b), str(ctx), str(reps)],
+    args = (b, ctx, reps, SHAPE.k_heads, SHAPE.n_heads, SHAPE.head_dim)
+    r = subprocess.run([sys.executable, "-c", TORCH_SNIPPET, *map(str, args)],
                        capture_output=True, text=True, timeout=300)
     d = json.loads(r.stdout.strip().splitlines()[-1])
     return d["us"], d["bytes"]
@@ -331,6 +347,10 @@ def torch_row(b, ctx, reps):
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--out", default="benchmarks/results/decode_h200.json")
+  ap.add_argument("--shape", default="llama3_8b", choices=sorted(SHAPES),
+                  help="head shape (gemma2_2b: 8 query / 4 KV heads, head_dim 256, soft-cap 50)")
+  ap.add_argument("--window", type=int, help="sliding window of the kvjax kernels (peers: none)")
+  ap.add_argument("--step-batches", default="8", help="batches whose full step and append are timed")
   ap.add_argument("--batches", default="1,8,64")
   ap.add_argument("--contexts", default="1024,4096,32768,131072")
   ap.add_argument("--formats", default=",".join(KV_FORMATS))
@@ -346,6 +366,10 @@ def main():
                   help="sweep only the kernel variants (default tiling), not stages/splits")
   ap.add_argument("--sweep-batch", type=int, default=8)
   ap.add_argument("--sweep-context", type=int, default=32768)
+  ap.add_argument("--sweep-points", default="",
+                  help="B:context,... to sweep at instead of --sweep-batch/--sweep-context")
+  ap.add_argument("--sweep-splits", default="",
+                  help="sweep only num_splits over these values (beside the default), e.g. 2,4,8,16")
   ap.add_argument("--tune", action="store_true",
                   help="time the table's kvjax rows with each swept format's fastest options")
   ap.add_argument("--tuned-from", help="a result file whose meta.tuned options the kvjax rows use")
@@ -354,14 +378,17 @@ def main():
   rows, t_start = [], time.time()
   if args.merge is not None:
     return merge_and_plot(args.merge, args.out)
+  global SHAPE, WINDOW
+  SHAPE, WINDOW = SHAPES[args.shape], args.window
 
   def log(msg):
     print(f"[{time.time() - t_start:6.0f}s] {msg}", flush=True)
 
-  meta = {"device": str(jax.devices()[0]), "jax": jax.__version__}
+  meta = {"device": str(jax.devices()[0]), "jax": jax.__version__, "shape": args.shape,
+          "head_shape": dataclasses.asdict(SHAPE), "window": WINDOW}
   if args.check:
     meta["check_worst_rel_err"] = check_all(log, [f for f in args.check_formats.split(",") if f],
-                                            args.check_quick)
+                                            args.check_quick, SHAPE)
   tb = stream_tbps(args.reps, args.stream_gb)
   meta["stream_tbps"] = tb
   log(f"stream {tb:.2f} TB/s")
@@ -375,20 +402,23 @@ def main():
 
   key = jax.random.PRNGKey(0)
   tuned = {}
-  for f in filter(None, args.sweep.split(",")):
+  points = ([tuple(map(int, p.split(":"))) for p in args.sweep_points.split(",")] if args.sweep_points
+            else [(args.sweep_batch, args.sweep_context)])
+  for f, (sb, sc) in [(f, p) for f in filter(None, args.sweep.split(",")) for p in points]:
     best = None
-    for o in sweep_grid(f, args.sweep_variants_only):
+    grid = ([{}] + [dict(num_splits=int(x)) for x in args.sweep_splits.split(",")] if args.sweep_splits
+            else sweep_grid(f, args.sweep_variants_only))
+    for o in grid:
       variant = opts_name(f, o)
       if meta.get("check_worst_rel_err", {}).get(variant, 0.0) >= 1e-2:
         log(f"sweep {o}: skipped, {variant} failed the check")
         continue
       try:
-        (_, us, nb), = kvjax_rows(f, args.sweep_batch, args.sweep_context, args.reps, key, False, o)
+        (_, us, nb), = kvjax_rows(f, sb, sc, args.reps, key, False, o)
       except Exception as e:  # e.g. shared memory exceeded, an unsupported 8-bit dot
         log(f"sweep {f} {o} failed: {repr(e)[:300]}")
         continue
-      add("sweep:" + ",".join(f"{k}={v}" for k, v in o.items()), f, args.sweep_batch,
-          args.sweep_context, us, nb)
+      add("sweep:" + ",".join(f"{k}={v}" for k, v in o.items()), f, sb, sc, us, nb)
       if best is None or us < best[0]:
         best = (us, o)
     if args.tune and best is not None:
@@ -401,13 +431,14 @@ def main():
   save(args.out, meta, rows)
   for b in map(int, filter(None, args.batches.split(","))):
     for ctx in map(int, args.contexts.split(",")):
-      if b * ctx * K_HEADS * HEAD_DIM * 4 / 1e9 > args.max_bf16_gb:
+      if b * ctx * SHAPE.k_heads * SHAPE.head_dim * 4 / 1e9 > args.max_bf16_gb:
         log(f"skip B={b} ctx={ctx}: bf16 cache over {args.max_bf16_gb} GB")
         continue
       for f in args.formats.split(","):
-        for impl, us, nb in kvjax_rows(f, b, ctx, args.reps, key, (b == 8), tuned.get(f)):
+        do_step = str(b) in args.step_batches.split(",")
+        for impl, us, nb in kvjax_rows(f, b, ctx, args.reps, key, do_step, tuned.get(f)):
           add(impl, f, b, ctx, us, nb)
-      for p in args.peers.split(","):
+      for p in filter(None, args.peers.split(",")):
         if p == "torch_sdpa":
           r = torch_row(b, ctx, args.reps)
           if r:
@@ -419,7 +450,7 @@ def main():
           add(p, "bf16", b, ctx, *bf16_peer_row(p, b, ctx, args.reps, key))
       save(args.out, meta, rows)
   summary(rows, tb, log)
-  plot(rows, os.path.splitext(args.out)[0] + ".png")
+  plot(rows, os.path.splitext(args.out)[0] + ".png", meta["head_shape"])
 
 
 def save(out, meta, rows):
@@ -440,10 +471,10 @@ def merge_and_plot(paths, out):
   with open(out, "w") as fh:
     json.dump({"meta": metas, "rows": rows}, fh, indent=1)
   summary(rows, metas[-1]["stream_tbps"], print)
-  plot(rows, os.path.splitext(out)[0] + ".png")
+  plot(rows, os.path.splitext(out)[0] + ".png", metas[-1].get("head_shape"))
 
 
-def plot(rows, path):
+def plot(rows, path, head_shape=None):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -463,7 +494,9 @@ def plot(rows, path):
     ax.set_yscale("log")
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("us per decode step (one layer)")
-    ax.set_title(f"H200, B={b}, 32q/8kv heads, d=128")
+    hs = head_shape or dataclasses.asdict(SHAPES["llama3_8b"])
+    ax.set_title(f"H200, B={b}, {hs['n_heads']}q/{hs['k_heads']}kv heads, d={hs['head_dim']}"
+                 + (f", soft-cap {hs['softcap']:g}" if hs.get("softcap") else ""))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=6, loc="upper left")
   fig.tight_layout()

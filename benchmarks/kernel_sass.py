@@ -55,15 +55,15 @@ def parse_variant(text):
   return name, json.loads(opts) if opts else {}
 
 
-def lower(fmt_name, opts, batch=8, kv_heads=8, rep=4, capacity=2048):
-  """Triton IR text of the decode kernel, and the plan it ran (the Llama-3-8B head shape)."""
+def lower(fmt_name, opts, shape, batch=8, capacity=2048):
+  """Triton IR text of the decode kernel, and the plan it ran (`shape`: a kernel_variants.HeadShape)."""
   from pallas_kernels import test_base
   from pallas_kernels.gpu import lowering_check, ops
-  q, c = test_base.make_case(fmt_name, [capacity // 2] * batch, num_kv_heads=kv_heads, rep=rep,
-                             capacity=capacity)
-  mods = lowering_check.lower(q, c, **opts)
+  q, c = test_base.make_case(fmt_name, [capacity // 2] * batch, num_kv_heads=shape.k_heads,
+                             rep=shape.rep, head_dim=shape.head_dim, capacity=capacity)
+  mods = lowering_check.lower(q, c, logit_softcap=shape.softcap, **opts)
   plan_opts = {k: v for k, v in opts.items() if k not in ("num_warps", "num_stages")}
-  plan = ops.plan_for(c, 1, rep, **plan_opts)
+  plan = ops.plan_for(c, 1, shape.rep, softcap=shape.softcap, **plan_opts)
   return mods[0], plan
 
 
@@ -107,11 +107,13 @@ def bytes_per_iteration(plan, head_dim=128):
   return codes + kscale + vscale
 
 
-def analyze(fmt_name, opts, py, workdir):
+def analyze(fmt_name, opts, py, workdir, shape=None):
   from pallas_kernels.gpu import ops
+  from kernel_variants import SHAPES
+  shape = shape or SHAPES["llama3_8b"]
   stages = opts.get("num_stages", ops.QUANT_STAGES if fmt_name != "bf16" else 2)
-  ir, plan = lower(fmt_name, opts)
-  warps = opts.get("num_warps", ops.default_warps(plan))  # as ops.decode_attention runs it
+  ir, plan = lower(fmt_name, opts, shape)
+  warps = opts.get("num_warps", ops.default_warps(plan, shape.head_dim))  # as ops.decode_attention runs it
   tag = re.sub(r"[^A-Za-z0-9_]+", "_", fmt_name + json.dumps(opts, sort_keys=True))
   path = os.path.join(workdir, tag + ".ttir")
   with open(path, "w") as f:
@@ -134,7 +136,7 @@ def analyze(fmt_name, opts, py, workdir):
   threads = 32 * warps
   by_regs = H200["regs_per_sm"] // (-(-regs // 8) * 8 * threads)
   by_smem = H200["smem_per_sm"] // max(meta["shared"], 1)
-  nbytes = bytes_per_iteration(plan)
+  nbytes = bytes_per_iteration(plan, shape.head_dim)
   return {
       "format": fmt_name, "options": opts, "num_warps": warps, "num_stages": stages,
       "registers": regs, "local_bytes": local, "shared_bytes": meta["shared"],
@@ -155,20 +157,23 @@ def main(argv=None):
   ap.add_argument("--variants", default="bf16;fp8_e4m3;int8;int4;kivi4;kivi2;kivi2_g128",
                   help="';'-separated format[:json options]")
   ap.add_argument("--out", default="benchmarks/results/kernel_sass.json")
+  ap.add_argument("--shape", default="llama3_8b", help="head shape (kernel_variants.SHAPES)")
   args = ap.parse_args(argv)
+  from kernel_variants import SHAPES
+  shape = SHAPES[args.shape]
   import jax
   rows = []
   with tempfile.TemporaryDirectory() as workdir:
     for text in filter(None, args.variants.split(";")):
       fmt_name, opts = parse_variant(text)
-      row = analyze(fmt_name, opts, args.triton_python, workdir)
+      row = analyze(fmt_name, opts, args.triton_python, workdir, shape)
       rows.append(row)
       print(f"{fmt_name:11s} {json.dumps(opts):38s} regs {row['registers']:3d} spill {row['local_bytes']} "
             f"smem {row['shared_bytes'] // 1024:3d}K  {row['programs_per_sm']}/SM  loop {row['loop_instructions']:4d} "
             f"instr / {row['loop_bytes']:.0f} B = {row['warp_instructions_per_byte']:.3f} warp-instr/B  "
             f"LDG {row['loop_plain_global_loads']}", flush=True)
   result = {"command": "python benchmarks/kernel_sass.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "target": "sm_90a (H200), compiled on the CPU", "jax": jax.__version__, "rows": rows}
+            "target": "sm_90a (H200), compiled on the CPU", "shape": args.shape, "jax": jax.__version__, "rows": rows}
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)

@@ -3,19 +3,48 @@ check of each against the XLA reference (--check), and the sweep grid (--sweep).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 
 from kvjax import attention
 from pallas_kernels.gpu import ops
 
-N_HEADS, K_HEADS = 32, 8  # the benchmark's Llama-3-8B head shape
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadShape:
+  """Attention heads of the benchmarked model: query heads, KV heads, head_dim, logit soft-cap."""
+
+  n_heads: int
+  k_heads: int
+  head_dim: int
+  softcap: float | None = None
+
+  def __post_init__(self):
+    for name in ("n_heads", "k_heads", "head_dim"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if self.n_heads % self.k_heads:
+      raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of k_heads ({self.k_heads})")
+    if self.softcap is not None and not self.softcap > 0:
+      raise ValueError(f"softcap must be positive or None, got {self.softcap!r}")
+
+  @property
+  def rep(self) -> int:
+    return self.n_heads // self.k_heads
+
+
+SHAPES = {"llama3_8b": HeadShape(32, 8, 128), "gemma2_2b": HeadShape(8, 4, 256, softcap=50.0)}
+N_HEADS, K_HEADS = SHAPES["llama3_8b"].n_heads, SHAPES["llama3_8b"].k_heads  # the default shape
 
 # Neighbours of the defaults set from session 5's sweep (decode_parts/decode_s5.json): fp8/int8 run
 # 2 warps, int4 and KIVI unpack with inline PTX, KIVI G=32 runs 2 warps. Older variants (prefetch,
 # block, narrow dots, joined values, tile loop) are settled in decode_s3/s4/s5.json.
 FLAT = (dict(num_warps=4), dict(num_warps=2, block=128), dict(num_warps=2, prefetch=0),
-        dict(num_warps=2, num_stages=4))
+        dict(num_warps=2, num_stages=4), dict(num_warps=4, block=32))  # block 32: for head_dim 256
 VARIANTS = {"fp8_e4m3": FLAT, "int8": FLAT,
             "int4": (dict(num_warps=2), dict(packed_unpack=False)),
             "kivi2": (dict(num_warps=4), dict(packed_unpack=False)),
@@ -29,7 +58,7 @@ def opts_name(f, o):
   return f + "".join(f"+{k}" if v is True else f"+{k}={v}" for k, v in sorted(o.items()) if v is not None)
 
 
-def check_all(log, names=None, quick=False):
+def check_all(log, names=None, quick=False, shape=SHAPES["llama3_8b"]):
   """Worst relative error vs the XLA reference per format (and per option variant)."""
   from pallas_kernels import test_base as tb
   worst = {}
@@ -37,7 +66,7 @@ def check_all(log, names=None, quick=False):
     for o in ({},) + VARIANTS.get(f, ()):
       name = opts_name(f, o)
       try:
-        worst[name] = _check_one(tb, f, o, quick)
+        worst[name] = _check_one(tb, f, o, quick, shape)
       except Exception as e:  # a variant that does not compile is reported, not fatal
         log(f"check {name} failed: {repr(e)[:300]}")
         worst[name] = float("inf")
@@ -46,7 +75,7 @@ def check_all(log, names=None, quick=False):
   return worst
 
 
-def _check_one(tb, f, opts, quick=False):
+def _check_one(tb, f, opts, quick=False, shape=SHAPES["llama3_8b"]):
   worst = 0.0
   cases = [(L, t, 4, 2) for L in tb.LENGTHS.values() for t in (1, 3)] + [([5, 200], 1, 8, 1)]
   if quick:  # 2 kernel shapes: the ragged batch (0, 1, windows empty/partial/full) with T = 3
@@ -60,11 +89,13 @@ def _check_one(tb, f, opts, quick=False):
       e = (float(np.abs(out[bi]).max()) if l == 0 else
            tb.relative_error(out[bi][:, max(0, t - l):], ref[bi][:, max(0, t - l):]))
       worst = max(worst, e)
-  # a larger ragged case with the benchmark's head shape
+  # a larger ragged case with the benchmark's head shape (and its soft-cap)
   L = [0, 1, 127, 128, 129, 1000, 2047, 2048]
-  q, c = tb.make_case(f, L, num_kv_heads=K_HEADS, rep=N_HEADS // K_HEADS, capacity=2048, seed=3)
-  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
-  out = np.asarray(ops.decode_attention(q, c, **opts), np.float32)
+  q, c = tb.make_case(f, L, num_kv_heads=shape.k_heads, rep=shape.rep, head_dim=shape.head_dim,
+                      capacity=2048, seed=3)
+  cap = {"logit_softcap": shape.softcap}
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c, **cap), np.float32)
+  out = np.asarray(ops.decode_attention(q, c, **cap, **opts), np.float32)
   for bi, l in enumerate(L):
     e = float(np.abs(out[bi]).max()) if l == 0 else tb.relative_error(out[bi], ref[bi])
     worst = max(worst, e)

@@ -41,8 +41,8 @@ from kvjax import quant
 from kvjax.formats import FP8Spec, KIVISpec, KVFormat, Passthrough, QuantSpec
 from kvjax.quant import QArray
 
-__all__ = ["KVCache", "RowWrite", "init_cache", "append", "scatter_writes", "prefill", "materialize", "stack", "unstack",
-           "static_scale_shape"]
+__all__ = ["KVCache", "RowWrite", "KeyFlush", "init_cache", "append", "scatter_writes", "flush_rows", "prefill",
+           "materialize", "stack", "unstack", "static_scale_shape"]
 
 
 @struct.dataclass
@@ -223,8 +223,12 @@ def set_leaves(cache: "KVCache", values: dict[str, Array]) -> "KVCache":
   return cache.replace(k=cache.k.replace(**k_new), v=cache.v.replace(**v_new), **top)
 
 
-def scatter_writes(cache: "KVCache", writes: Sequence[RowWrite]) -> "KVCache":
-  """Applies `writes` with XLA scatters (in place under donation): the reference row writer."""
+def scatter_writes(cache: "KVCache", writes: Sequence["RowWrite | KeyFlush"]) -> "KVCache":
+  """Applies `writes` with XLA scatters (in place under donation): the reference row writer.
+
+  A `KeyFlush` is quantized here (`flush_rows`), then stored like the other rows.
+  """
+  cache, writes = lower_flushes(cache, writes)
   out = {}
   for w in writes:
     leaf = out.get(w.leaf, get_leaf(cache, w.leaf))
@@ -252,11 +256,29 @@ def _without_sinks(blocks: Array, first: Array, sink: int) -> Array:
   return jnp.where((pos < sink)[:, None, :, :, None], repl, blocks)
 
 
-def _flush_keys(cache: KVCache, k_new: Array, count: Array):
-  """KIVI keys: residual + new tokens; full R-blocks are quantized and stored."""
+@dataclasses.dataclass(frozen=True)
+class KeyFlush:
+  """One append's KIVI keys, left to the writer to quantize.
+
+  The block buffer is the residual ``k_res`` (its first ``r = lengths % R``
+  slots) followed by `new` ``[B, K, T, H]`` (the first `count` ``[B]`` of them),
+  with `lengths` ``[B]`` the lengths before the append. Every full R-token
+  block is quantized as `quant.quantize` does (groups of G tokens per channel)
+  into "k.codes" / "k.scale" / "k.zero" at block ``lengths // R + i``; "k_res"
+  gets the tokens past the last full block, other slots zero. `flush_rows` is
+  the reference.
+  """
+
+  new: Array
+  count: Array
+  lengths: Array
+
+
+def flush_rows(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array]:
+  """A `KeyFlush` as XLA computes it: the quantized blocks' `RowWrite`s and the new ``k_res``."""
   fmt, r_len = cache.fmt, cache.fmt.residual
+  k_new, count, lengths = f.new, f.count, f.lengths
   b, h, n, d = k_new.shape
-  lengths = cache.lengths
   r = lengths % r_len
   n_blocks = (r_len + n) // r_len  # most blocks one append can complete
   buf = jnp.zeros((b, h, (n_blocks + 1) * r_len, d), cache.k_res.dtype)
@@ -284,16 +306,30 @@ def _flush_keys(cache: KVCache, k_new: Array, count: Array):
   return writes, res
 
 
+def lower_flushes(cache: KVCache, writes: Sequence["RowWrite | KeyFlush"]) -> tuple[KVCache, list[RowWrite]]:
+  """`writes` with each `KeyFlush` replaced by its `flush_rows`; the cache gets the new ``k_res``."""
+  rows = []
+  for w in writes:
+    if isinstance(w, KeyFlush):
+      flushed, k_res = flush_rows(cache, w)
+      rows += flushed
+      cache = cache.replace(k_res=k_res)
+    else:
+      rows.append(w)
+  return cache, rows
+
+
 def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"],
            num_new: Int[Array, "B"] | None = None, *, checked: bool = False,
-           write_rows: Callable[[KVCache, Sequence[RowWrite]], KVCache] = scatter_writes) -> KVCache:
+           write_rows: Callable[[KVCache, Sequence[RowWrite | KeyFlush]], KVCache] = scatter_writes) -> KVCache:
   """Appends T tokens to every sequence (or `num_new[b]` <= T of them) and returns the new cache.
 
   Prefill, chunked prefill, decode (T = 1) and speculative verification
   (small T) all go through here. Token j of sequence b lands at position
   ``lengths[b] + j``. See the module docstring for what happens at capacity.
   `write_rows` stores the quantized rows into the cache leaves (default: XLA
-  scatters; `pallas_kernels.gpu.write.write_rows` does them in one kernel).
+  scatters; `pallas_kernels.gpu.write.write_rows` does them in one kernel). KIVI
+  keys reach it unquantized, as a `KeyFlush` (the writer quantizes full blocks).
   """
   stacked = cache.num_layers is not None
   want = 5 if stacked else 4
@@ -330,15 +366,13 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
     v = v.astype(fmt.residual_dtype)
   new_v = quant.quantize(v, fmt.value, scale=cache.v.scale, block=cache.v.block or None)
   writes = _write_per_token(cache.v, new_v, pos, "v")
-  k_res = None
   if fmt.is_kivi:
     r_len = fmt.residual
     end = lengths + count
     in_window = valid & (pos >= (end - r_len)[:, None])
     slot = jnp.where(in_window, pos % r_len, r_len)
     writes.append(RowWrite("v_res", cache.v_res.shape, v, slot))
-    k_writes, k_res = _flush_keys(cache, k, count)
-    writes += k_writes
+    writes.append(KeyFlush(k, count, lengths))
   else:
     new_k = quant.quantize(k, fmt.key, scale=cache.k.scale, block=cache.k.block or None)
     writes += _write_per_token(cache.k, new_k, pos, "k")
@@ -346,7 +380,7 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
     slot = jnp.where(valid & (pos < fmt.sink), pos, fmt.sink)  # others dropped
     writes += [RowWrite("k_sink", cache.k_sink.shape, k, slot),
                RowWrite("v_sink", cache.v_sink.shape, v, slot)]
-  return write_rows(cache.replace(k_res=k_res, lengths=lengths + count), writes)
+  return write_rows(cache.replace(lengths=lengths + count), writes)
 
 
 def prefill(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"],

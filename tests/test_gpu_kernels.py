@@ -237,6 +237,18 @@ def test_scale_prefetch_matches_reference(fmt_name, distance, splits):
   assert test_base.relative_error(out[2:], ref[2:]) < 1e-2
 
 
+@pytest.mark.parametrize("fmt_name,want", [("fp8_e4m3", {64: 2, 128: 2, 256: 4}),
+                                           ("int4", {64: 2, 128: 2, 256: 4}),
+                                           ("bf16", {64: 4, 128: 4, 256: 4}),
+                                           ("kivi2", {64: 2, 128: 2, 256: 4}),
+                                           ("kivi2_g128", {128: 4, 256: 4})])
+def test_default_warps_scale_with_head_dim(fmt_name, want):
+  """Two-warp defaults (measured at head_dim 128) double at 256, never past four."""
+  for h, w in want.items():
+    _, c = test_base.make_case(fmt_name, [5], head_dim=h, rep=2)
+    assert ops.default_warps(ops.plan_for(c, 1, 2), h) == w, (fmt_name, h)
+
+
 def test_prefetch_needs_the_tile_loop_for_kivi():
   _, c = test_base.make_case("kivi2", [5])
   assert ops.plan_for(c, 1, 4, prefetch=2).prefetch == 2
@@ -304,3 +316,59 @@ def test_packed_unpack_needs_a_gpu():
   # interpret mode turns the default off: the default plan still runs (and matches) off a GPU
   ref = attention.decode_attention(q.astype(jnp.float32), c)
   assert test_base.relative_error(ops.decode_attention(q, c, interpret=True), ref) < 1e-2
+
+
+KIVI_FLUSH_FORMATS = {"kivi2": formats.preset("kivi2"), "kivi4": formats.preset("kivi4"),
+                      "kivi2_g128": formats.preset("kivi2_g128"), "kivi4_sink3": formats.kivi(4, 32, 128, sink=3)}
+
+
+@pytest.mark.parametrize("fmt_name", list(KIVI_FLUSH_FORMATS))
+def test_pallas_kivi_key_flush_equals_xla(fmt_name):
+  """The in-kernel KIVI key flush (`flush.py`) == `cache.flush_rows` + XLA scatters, bit for bit:
+  T = 1 and T = 3 (ragged num_new) across block ends 127 -> 128 and 255 -> 256, a block completed
+  by a middle token of T = 3, a sink block, and capacity drops at S = 384 (under jit)."""
+  fmt = KIVI_FLUSH_FORMATS[fmt_name]
+  c = cache_lib.init_cache(fmt, 6, 2, 384, 128)
+  x = jax.random.normal(jax.random.PRNGKey(0), (6, 2, 384, 128)) * jnp.linspace(0.1, 4, 128)
+  c = cache_lib.append(c, x, -x, jnp.asarray([0, 127, 126, 255, 254, 383]))
+  ref = lambda c_, k_, n_: cache_lib.append(c_, k_, k_ * 0.25, n_)
+  pal = lambda c_, k_, n_: write.append(c_, k_, k_ * 0.25, n_, interpret=INTERPRET, flush_in_kernel=True)
+  want = got = c
+  steps = [(1, None), (3, [3, 2, 3, 1, 3, 2]), (1, [1, 0, 1, 1, 1, 1]), (3, [0, 3, 1, 3, 2, 3])]
+  for i, (t, n) in enumerate(steps):
+    k = jax.random.normal(jax.random.PRNGKey(10 + i), (6, 2, t, 128)) * (1 + 3 * (i % 2))
+    n = None if n is None else jnp.asarray(n)
+    jit = i >= 1  # past capacity: an error eagerly, dropped under jit
+    want = (jax.jit(ref) if jit else ref)(want, k, n)
+    got = (jax.jit(pal) if jit else pal)(got, k, n)
+    _assert_same_bits(want, got)
+  np.testing.assert_array_equal(np.asarray(got.lengths), [5, 133, 132, 261, 261, 384])
+  # all but the first crossed a block end (the last at capacity): the flushed blocks hold codes
+  changed = np.asarray(got.k.codes != c.k.codes).reshape(6, -1).any(1)
+  np.testing.assert_array_equal(changed, [False, True, True, True, True, True])
+
+
+def test_flush_helpers_match_quant():
+  """`flush.py`'s lowerable nextafter / round_down / step_for / div_round == `kvjax.quant`'s."""
+  from kvjax import quant
+  from pallas_kernels.gpu import flush
+  rng = np.random.default_rng(0)
+  x = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-8, 5, 4000),
+                      [0.0, -0.0, 1e-40, -1e-40, 3e-39, 1.0, -1.0, 2 ** -126, 65504.0]]).astype(np.float32)
+  x = jnp.asarray(x)
+  for dt in (jnp.bfloat16, jnp.float16, jnp.float32):
+    r = x.astype(dt)
+    for up in (True, False):
+      want = jnp.nextafter(r, jnp.array(jnp.inf if up else -jnp.inf, dt))
+      np.testing.assert_array_equal(np.asarray(flush._next(r, up)).view(np.uint8), np.asarray(want).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(flush.round_down(x, dt)).view(np.uint8),
+                                  np.asarray(quant.round_down(x, dt)).view(np.uint8))
+    span = jnp.abs(x)
+    for qmax in (3, 15):
+      np.testing.assert_array_equal(np.asarray(flush.step_for(span, qmax, dt)).view(np.uint8),
+                                    np.asarray(quant.step_for(span, qmax, dt)).view(np.uint8))
+  s = quant.step_for(jnp.abs(x[:1000]) + 1e-3, 3, jnp.bfloat16).astype(jnp.float32)
+  t = jnp.abs(x[1000:2000]) % (3.5 * s)
+  ties = (jnp.arange(1000) % 8 * 0.5) * s  # exact halves: round half to even
+  for tt in (t, ties):
+    np.testing.assert_array_equal(np.asarray(flush.div_round(tt, s)), np.asarray(quant.div_round(tt, s)))

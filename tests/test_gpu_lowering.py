@@ -76,3 +76,35 @@ def test_prefetched_scales_are_loop_carried_unconverted(fmt_name):
     results = main.split("->")[-1]
     want = 2 * distance  # key and value scales (KIVI: the key group's scale and zero rows)
     assert results.count(carried) == want, (distance, results)
+
+
+APPEND_FORMATS = ["fp8_e4m3", "int4", "kivi2", "kivi4", "kivi2_g128", "kivi2_sink4"]
+
+
+@pytest.mark.parametrize("fmt_name", APPEND_FORMATS)
+@pytest.mark.parametrize("num_new", [1, 3])
+def test_append_lowers_to_one_triton_kernel(fmt_name, num_new):
+  # The one-kernel append, KIVI key flush included (quantized in the kernel, `flush.py`).
+  import jax
+  import jax.numpy as jnp
+  from kvjax import cache as cache_lib, formats
+  fmt = formats.kivi(2, 32, 128, sink=4) if fmt_name == "kivi2_sink4" else formats.preset(fmt_name)
+  c = cache_lib.init_cache(fmt, 2, 2, 512, 128)
+  k = jnp.zeros((2, 2, num_new, 128), jnp.bfloat16)
+  n = jnp.asarray([num_new, 0], jnp.int32)
+  from pallas_kernels.gpu import write
+  with lowering_check.triton_modules() as modules:
+    hlo = jax.jit(lambda c_, k_, n_: write.append(c_, k_, k_, n_, interpret=False, flush_in_kernel=True)
+                  ).trace(c, k, n).lower(lowering_platforms=("cuda",)).as_text()
+  assert len(modules) == 1 and hlo.count("stablehlo.custom_call") == 1
+  ir = modules[0]
+  kivi = fmt.is_kivi
+  # KIVI: the residual is read back only on a flush, behind a barrier before it is rewritten;
+  # no XLA-side key quantization (no reductions outside the kernel; the values' per-token
+  # reductions stay in XLA)
+  assert ("gpu.barrier" in ir) == kivi
+  assert modules == lowering_check.lower_append(c, k, k, n, flush_in_kernel=True)
+  if kivi:
+    minmax = hlo.count("applies stablehlo.minimum") + hlo.count("applies stablehlo.maximum")
+    assert minmax == 2, minmax  # the values' per-token min and max; none for keys
+    assert len(ir) < 400_000, len(ir)

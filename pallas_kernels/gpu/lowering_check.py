@@ -11,12 +11,13 @@ size (KIVI compile time grows with it):
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 
 import jax
 
-__all__ = ["triton_modules", "lower"]
+__all__ = ["triton_modules", "lower", "lower_append"]
 
 
 @contextlib.contextmanager
@@ -44,6 +45,17 @@ def lower(q, cache, **options) -> list[str]:
   with triton_modules() as modules:
     fn = jax.jit(lambda q, c: ops.decode_attention(q, c, interpret=False, **options))
     fn.trace(q, cache).lower(lowering_platforms=("cuda",))
+  return modules
+
+
+def lower_append(cache, k, v, num_new=None, **options) -> list[str]:
+  """Triton modules of `write.append(cache, k, v, num_new)` (the one-kernel append) lowered for CUDA."""
+  from kvjax import cache as cache_lib
+  from pallas_kernels.gpu import write
+  rows = functools.partial(write.write_rows, interpret=False, **options)
+  with triton_modules() as modules:
+    fn = jax.jit(lambda c, k, v, n: cache_lib.append(c, k, v, n, write_rows=rows))
+    fn.trace(cache, k, v, num_new).lower(lowering_platforms=("cuda",))
   return modules
 
 

@@ -60,6 +60,11 @@ PACKED_UNPACK = True
 # kivi2 356 (365), kivi4 362 (380); int4 with two warps as well 161 -> 155 us.
 FLAT_WARPS = {"f8": 2, "i8": 2, "i4": 2}  # key kind of the per-token kernels -> warps (others: 4)
 KIVI_WARPS = {32: 2}  # KIVI key group -> warps (others: 4)
+# The two-warp entries above were measured at head_dim 128. A program's registers per thread grow
+# with head_dim / warps: at head_dim 256 (Gemma-2-2B heads, B=24, 32k; session 6,
+# decode_parts/decode_gemma_s6.json) two warps ran FP8 at 874 us and four at 544 us (int8 637 -> 601),
+# so below four warps the count scales with head_dim / 128.
+WARPS_HEAD_DIM = 128
 
 
 def _pow2_at_least(x, lo):
@@ -171,11 +176,14 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       packed_unpack=bool(PACKED_UNPACK if packed_unpack is None else packed_unpack) and "i4" in (kk, vk))
 
 
-def default_warps(plan) -> int:
-  """Warps per program for `plan` (FLAT_WARPS / KIVI_WARPS, measured)."""
+def default_warps(plan, head_dim: int = WARPS_HEAD_DIM) -> int:
+  """Warps per program for `plan` at `head_dim` (FLAT_WARPS / KIVI_WARPS, measured at
+  WARPS_HEAD_DIM; fewer than four warps scale up with head_dim, to at most four)."""
   if isinstance(plan, kivi.KiviPlan):
-    return KIVI_WARPS.get(plan.key_group, 4)
-  return FLAT_WARPS.get(plan.key_kind, 4) if plan.key_kind == plan.value_kind else 4
+    w = KIVI_WARPS.get(plan.key_group, 4)
+  else:
+    w = FLAT_WARPS.get(plan.key_kind, 4) if plan.key_kind == plan.value_kind else 4
+  return w if w >= 4 else min(4, w * max(1, head_dim // WARPS_HEAD_DIM))
 
 
 def _per_token(scale, b, kh, s):
@@ -235,7 +243,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   if isinstance(fmt.key, FP8Spec) and fmt.key.static:
     qs = qs * jnp.asarray(cache.k.scale, jnp.float32)  # [1|B, K|1, 1, H|1] broadcasts
   qs = jnp.pad(qs, ((0, 0), (0, 0), (0, m_rows - rows), (0, 0)))
-  kw = {"num_warps": default_warps(plan) if num_warps is None else num_warps}
+  kw = {"num_warps": default_warps(plan, h) if num_warps is None else num_warps}
   if num_stages is not None:
     kw["num_stages"] = num_stages
   elif not isinstance(fmt.key, Passthrough):

@@ -11,6 +11,11 @@ per (sequence, KV head) copies its rows into the leaves, which the kernel
 aliases to its outputs (`input_output_aliases`); under
 ``jax.jit(..., donate_argnums=...)`` no cache byte is copied.
 
+KIVI keys arrive as a `KeyFlush` (residual + new tokens, unquantized): the
+same programs put the new keys in their residual slots and, on the step a
+sequence's R-token block fills, quantize and store it (`flush.py`), so a
+KIVI append is one kernel too, with no per-step XLA key quantization.
+
 `append` is the "pallas_gpu" entry of `kvjax.dispatch.append`; `decode_step`
 fuses append + attend in one jitted, donated call, the shape of a real decode
 step. Interpret mode runs the same kernel on any backend (tests).
@@ -29,7 +34,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from kvjax import cache as cache_lib
 from kvjax import dispatch
-from kvjax.cache import KVCache, RowWrite
+from kvjax.cache import KeyFlush, KVCache, RowWrite
+from pallas_kernels.gpu import flush as flush_lib
 
 __all__ = ["write_rows", "append", "append_inplace", "decode_step"]
 
@@ -42,11 +48,21 @@ def _flat(w: RowWrite, leaf) -> tuple[tuple[int, int, int, int], jax.Array]:
   return (view[0], view[1], view[2], x), w.new.reshape(b, k, n, x)
 
 
-def _kernel(*refs, rows, n_writes):
+_FLUSH_LEAVES = ("k.codes", "k.scale", "k.zero", "k_res")
+# The in-kernel KIVI key flush is bit-identical to the XLA path in interpret mode and lowers to
+# Triton for sm_90 (tests), but has not yet run on a GPU: off by default until it has (then the
+# KIVI key block is quantized by XLA, `cache.flush_rows`, and stored by this kernel).
+FLUSH_IN_KERNEL = False
+
+
+def _kernel(*refs, rows, n_writes, fmt, barrier):
+  n_in = 2 * n_writes + (3 if fmt is not None else 0)  # pos, new [, lengths, count, new keys]
   pos_refs = refs[:n_writes]
   new_refs = refs[n_writes:2 * n_writes]
-  out_refs = refs[3 * n_writes:]  # aliased to the leaves refs[2n:3n], which are never read
+  out_refs = refs[n_in + len(refs[n_in:]) // 2:]  # aliased to the leaves, which are read only here
   b, h = pl.program_id(0), pl.program_id(1)
+  if fmt is not None:
+    flush_lib.flush_keys(b, h, *refs[2 * n_writes:n_in], *out_refs[n_writes:], fmt=fmt, barrier=barrier)
   for i in range(n_writes):
     out, new, pos = out_refs[i], new_refs[i], pos_refs[i]
     for j in range(rows[i]):  # static: T tokens (decode: 1), or the flush blocks
@@ -57,44 +73,72 @@ def _kernel(*refs, rows, n_writes):
         out[b, h, pl.ds(r, 1), :] = new[b, h, pl.ds(j, 1), :].astype(out.dtype)
 
 
-def write_rows(cache: KVCache, writes: Sequence[RowWrite], *, interpret=None,
-               num_warps=1) -> KVCache:
+def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpret=None,
+               num_warps=None, flush_in_kernel: bool | None = None) -> KVCache:
   """`kvjax.cache.scatter_writes` as one Pallas kernel (a `write_rows` for `cache.append`).
+
+  With `flush_in_kernel` (default FLUSH_IN_KERNEL) a `KeyFlush` of ``T < R`` tokens is quantized
+  in the kernel (`flush.py`); otherwise, and for longer ones (prefill), XLA quantizes it
+  (`cache.flush_rows`) and the kernel stores the rows. `num_warps`: default 1, or 4
+  with an in-kernel flush (its ``[G, H]`` f32 tiles).
 
   Raises NotImplementedError where Triton cannot tile a row (its element count
   is not a power of two), so `dispatch.append` falls back to XLA scatters.
   """
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
-  if not writes:
+  flushes = [w for w in writes if isinstance(w, KeyFlush)]
+  if len(flushes) > 1:
+    raise NotImplementedError(f"pallas_gpu append: {len(flushes)} key flushes in one append")
+  fl = flushes[0] if flushes else None
+  in_kernel = FLUSH_IN_KERNEL if flush_in_kernel is None else flush_in_kernel
+  if fl is not None and (not in_kernel or
+                         flush_lib.supported(cache.fmt, fl.new.shape[2], cache.head_dim) is not None):
+    cache, writes = cache_lib.lower_flushes(cache, writes)  # quantized by XLA, stored as rows
+    fl = None
+  writes = [w for w in writes if not isinstance(w, KeyFlush)]
+  if not writes and fl is None:
     return cache
   names = [w.leaf for w in writes]
   if len(set(names)) != len(names):
     raise NotImplementedError(f"pallas_gpu append: two writes to one leaf ({names})")
   leaves = [cache_lib.get_leaf(cache, n) for n in names]
-  views, news = zip(*(_flat(w, a) for w, a in zip(writes, leaves)))
+  views, news = zip(*(_flat(w, a) for w, a in zip(writes, leaves))) if writes else ((), ())
   for name, v in zip(names, views):
     if v[3] & (v[3] - 1):
       raise NotImplementedError(f"pallas_gpu append: {name} rows of {v[3]} elements (needs a power of two)")
-  b, k = views[0][:2]
+  b, k = cache.batch, cache.num_kv_heads
   dsts = [a.reshape(v) for a, v in zip(leaves, views)]
   pos = [jnp.asarray(w.pos, jnp.int32) for w in writes]
   n = len(writes)
-  kernel = functools.partial(_kernel, rows=tuple(x.shape[2] for x in news), n_writes=n)
+  flush_in = []
+  if fl is not None:
+    spec, s_cap = cache.fmt.key, cache.capacity
+    per_byte = 8 // spec.bits
+    names += list(_FLUSH_LEAVES)
+    leaves += [cache_lib.get_leaf(cache, nm) for nm in _FLUSH_LEAVES]
+    dsts += [cache.k.codes.reshape(b, k, s_cap // per_byte, -1),  # planar blocks of R tokens
+             cache.k.scale, cache.k.zero, cache.k_res]  # [B, K, S / G, H] twice, [B, K, R, H]
+    flush_in = [jnp.asarray(fl.lengths, jnp.int32), jnp.asarray(fl.count, jnp.int32), fl.new]
+  if num_warps is None:
+    num_warps = 1 if fl is None else 4
+  n_in = 2 * n + len(flush_in)
+  kernel = functools.partial(_kernel, rows=tuple(x.shape[2] for x in news), n_writes=n,
+                             fmt=cache.fmt if fl is not None else None, barrier=not interpret)
   out = pl.pallas_call(
       kernel, grid=(b, k),
       out_shape=[jax.ShapeDtypeStruct(d.shape, d.dtype) for d in dsts],
-      input_output_aliases={2 * n + i: i for i in range(n)},
+      input_output_aliases={n_in + i: i for i in range(len(dsts))},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="kvjax_append_rows",
-  )(*pos, *news, *dsts)
+  )(*pos, *news, *flush_in, *dsts)
   return cache_lib.set_leaves(cache, {nm: o.reshape(a.shape) for nm, o, a in zip(names, out, leaves)})
 
 
-def append(cache: KVCache, k, v, num_new=None, *, interpret=None) -> KVCache:
+def append(cache: KVCache, k, v, num_new=None, *, interpret=None, flush_in_kernel=None) -> KVCache:
   """`kvjax.cache.append` with its rows stored by one Pallas kernel (same result, bit for bit)."""
-  return cache_lib.append(cache, k, v, num_new,
-                          write_rows=functools.partial(write_rows, interpret=interpret))
+  return cache_lib.append(cache, k, v, num_new, write_rows=functools.partial(
+      write_rows, interpret=interpret, flush_in_kernel=flush_in_kernel))
 
 
 @functools.partial(jax.jit, donate_argnums=(0,), static_argnames=("implementation",))
