@@ -43,12 +43,11 @@ from pallas_kernels.gpu import ops, write
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import SHAPES, check_all, opts_name, sweep_grid  # noqa: E402
+from decode_report import BF16_PEERS, KV_FORMATS, merge_and_plot, plot, save, summary  # noqa: E402
 
 SHAPE = SHAPES["llama3_8b"]  # the timed head shape; main() sets it from --shape
 WINDOW = None  # sliding window of the kvjax kernels (Gemma local layers); main() sets it from --window
 L2_BYTES = 60e6
-KV_FORMATS = ("bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "kivi4", "kivi2", "kivi2_g128")
-BF16_PEERS = ("cudnn", "xla_dpa", "jax_pallas_mqa", "xla_einsum", "torch_sdpa")
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -451,74 +450,6 @@ def main():
       save(args.out, meta, rows)
   summary(rows, tb, log)
   plot(rows, os.path.splitext(args.out)[0] + ".png", meta["head_shape"])
-
-
-def save(out, meta, rows):
-  os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-  with open(out, "w") as fh:
-    json.dump({"meta": meta, "rows": rows}, fh, indent=1)
-
-
-def merge_and_plot(paths, out):
-  """Merges runs (later files win per impl/format/batch/context) and plots."""
-  rows, metas = {}, []
-  for pth in paths:
-    d = json.load(open(pth))
-    metas.append(d["meta"])
-    for r in d["rows"]:
-      rows[(r["impl"], r["format"], r["batch"], r["context"])] = r
-  rows = sorted(rows.values(), key=lambda r: (r["batch"], r["context"], r["impl"], r["format"]))
-  with open(out, "w") as fh:
-    json.dump({"meta": metas, "rows": rows}, fh, indent=1)
-  summary(rows, metas[-1]["stream_tbps"], print)
-  plot(rows, os.path.splitext(out)[0] + ".png", metas[-1].get("head_shape"))
-
-
-def plot(rows, path, head_shape=None):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  batches = sorted({r["batch"] for r in rows})
-  fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 5), squeeze=False)
-  for ax, b in zip(axes[0], batches):
-    series = {}
-    for r in rows:
-      if r["batch"] == b and r["impl"] in BF16_PEERS + ("kvjax", "xla_dequant"):
-        name = r["impl"] if r["impl"] in BF16_PEERS else f"{r['impl']}:{r['format']}"
-        series.setdefault(name, []).append((r["context"], r["us"]))
-    for name, pts in sorted(series.items()):
-      pts.sort()
-      style = "-o" if name.startswith("kvjax:") else "--x"
-      ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=name, ms=4)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("us per decode step (one layer)")
-    hs = head_shape or dataclasses.asdict(SHAPES["llama3_8b"])
-    ax.set_title(f"H200, B={b}, {hs['n_heads']}q/{hs['k_heads']}kv heads, d={hs['head_dim']}"
-                 + (f", soft-cap {hs['softcap']:g}" if hs.get("softcap") else ""))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, loc="upper left")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-
-
-def summary(rows, tb, log):
-  """Speed-ups vs the best bf16 peer of the same (batch, context)."""
-  by = {}
-  for r in rows:
-    by.setdefault((r["batch"], r["context"]), []).append(r)
-  log(f"{'B':>3} {'ctx':>7} {'best bf16 peer':>22} " + " ".join(f"{f[:10]:>10}" for f in KV_FORMATS))
-  for (b, ctx), rs in sorted(by.items()):
-    peers = [r for r in rs if r["impl"] in BF16_PEERS]
-    if not peers:
-      continue
-    best = min(peers, key=lambda r: r["us"])
-    cells = []
-    for f in KV_FORMATS:
-      k = [r for r in rs if r["impl"] == "kvjax" and r["format"] == f]
-      cells.append(f"{best['us'] / k[0]['us']:5.2f}x/{k[0]['frac_roofline'] or 0:.2f}" if k else "-")
-    log(f"{b:3d} {ctx:7d} {best['impl'][:12]:>12} {best['us']:8.1f}us " + " ".join(f"{c:>10}" for c in cells))
 
 
 if __name__ == "__main__":
