@@ -12,7 +12,6 @@ from kvjax import attention
 from pallas_kernels.gpu import ops
 
 
-
 @dataclasses.dataclass(frozen=True)
 class HeadShape:
   """Attention heads of the benchmarked model: query heads, KV heads, head_dim, logit soft-cap."""
