@@ -1,0 +1,55 @@
+"""CPU smoke test of benchmarks/decode_kernels.py's pieces (head shapes, inputs, result files); the
+timing itself needs a GPU."""
+
+import json
+import os
+import sys
+
+import jax
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+
+import decode_kernels  # noqa: E402
+import decode_report  # noqa: E402
+import kernel_variants  # noqa: E402
+
+
+def test_head_shapes_validate():
+  g = kernel_variants.SHAPES["gemma2_2b"]
+  assert (g.rep, g.head_dim, g.softcap) == (2, 256, 50.0)
+  with pytest.raises(ValueError, match="multiple of k_heads"):
+    kernel_variants.HeadShape(6, 4, 128)
+  with pytest.raises(ValueError, match="head_dim must be a positive int, got 0"):
+    kernel_variants.HeadShape(8, 4, 0)
+  with pytest.raises(ValueError, match="softcap"):
+    kernel_variants.HeadShape(8, 4, 128, softcap=-1.0)
+
+
+def test_gemma_inputs_and_window_bytes(monkeypatch):
+  monkeypatch.setattr(decode_kernels, "SHAPE", kernel_variants.SHAPES["gemma2_2b"])
+  key = jax.random.PRNGKey(0)
+  length, nb, _, caches, q = decode_kernels.cache_sets("fp8_e4m3", 2, 1024, key)
+  assert q.shape == (2, 8, 1, 256) and caches[0].k.codes.shape == (2, 4, 1024, 256)
+  monkeypatch.setattr(decode_kernels, "WINDOW", 256)
+  _, nb_window, _, _, _ = decode_kernels.cache_sets("fp8_e4m3", 2, 1024, key)
+  assert nb_window == pytest.approx(nb * 256 / length)  # a window reads only its blocks
+  assert decode_kernels.kernel_options({"num_warps": 4}) == {"logit_softcap": 50.0, "window": 256,
+                                                             "num_warps": 4}
+
+
+def test_merge_plot_and_summary(tmp_path, capsys):
+  rows = [dict(impl=i, format=f, batch=8, context=c, us=us, bytes_read=1, tbps=1.0, frac_roofline=0.5)
+          for i, f, c, us in (("torch_sdpa", "bf16", 4096, 40.0), ("kvjax", "fp8_e4m3", 4096, 20.0),
+                              ("torch_sdpa", "bf16", 32768, 240.0), ("kvjax", "fp8_e4m3", 32768, 160.0))]
+  meta = {"stream_tbps": 4.5, "head_shape": {"n_heads": 8, "k_heads": 4, "head_dim": 256, "softcap": 50.0}}
+  a, b = tmp_path / "a.json", tmp_path / "b.json"
+  decode_report.save(str(a), meta, rows)
+  decode_report.save(str(b), meta, [dict(rows[1], us=10.0)])  # later files win per row
+  out = tmp_path / "m.json"
+  decode_report.merge_and_plot([str(a), str(b)], str(out))
+  merged = json.load(open(out))["rows"]
+  assert len(merged) == 4 and [r["us"] for r in merged if r["impl"] == "kvjax" and r["context"] == 4096] == [10.0]
+  assert (tmp_path / "m.png").stat().st_size > 0
+  text = capsys.readouterr().out
+  assert "4.00x" in text and "1.50x" in text  # 40 / 10 and 240 / 160 against torch SDPA
