@@ -5,9 +5,9 @@ set -u
 cd "$(dirname "$0")/../.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-JAX_PLATFORMS=cuda timeout 110 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py \
-  -k "kivi_key_flush or flush_helpers" > $OUT/flush_pytest_log.txt 2>&1; echo "pytest rc=$?"
-timeout 90 python3 benchmarks/decode_kernels.py --batches 8 --contexts 32768 --formats kivi2,fp8_e4m3 \
+JAX_PLATFORMS=cuda timeout 75 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py \
+  -k "kivi_key_flush" > $OUT/flush_pytest_log.txt 2>&1; echo "pytest rc=$?"
+timeout 55 python3 benchmarks/decode_kernels.py --batches 8 --contexts 32768 --formats kivi2 \
   --peers "" --step-batches 8 --reps 3 --stream-gb 1 --out $OUT/decode_s6_append.json > $OUT/append_log.txt 2>&1; echo "append rc=$?"
 rm -f $OUT/*.png
 tail -n 4 $OUT/flush_pytest_log.txt; grep -E "append|step" $OUT/append_log.txt | cut -c1-90
