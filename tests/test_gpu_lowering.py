@@ -108,3 +108,18 @@ def test_append_lowers_to_one_triton_kernel(fmt_name, num_new):
     minmax = hlo.count("applies stablehlo.minimum") + hlo.count("applies stablehlo.maximum")
     assert minmax == 2, minmax  # the values' per-token min and max; none for keys
     assert len(ir) < 400_000, len(ir)
+
+
+@pytest.mark.parametrize("fmt_name,in_kernel", [("kivi2", True), ("kivi4", True), ("kivi2_g128", False),
+                                                ("kivi2_sink4", False), ("fp8_e4m3", False)])
+def test_append_flushes_in_kernel_by_default_only_where_gpu_checked(fmt_name, in_kernel):
+  # G=32 without sinks ran bit-identical on the H200; the others keep XLA's key quantization
+  import jax.numpy as jnp
+  from kvjax import cache as cache_lib, formats
+  from pallas_kernels.gpu import write
+  fmt = formats.kivi(2, 32, 128, sink=4) if fmt_name == "kivi2_sink4" else formats.preset(fmt_name)
+  assert write.flush_in_kernel_default(fmt) == in_kernel
+  c = cache_lib.init_cache(fmt, 2, 2, 512, 128)
+  k = jnp.zeros((2, 2, 1, 128), jnp.bfloat16)
+  ir, = lowering_check.lower_append(c, k, k, jnp.asarray([1, 0], jnp.int32))
+  assert ("gpu.barrier" in ir) == in_kernel

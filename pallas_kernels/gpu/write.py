@@ -49,10 +49,18 @@ def _flat(w: RowWrite, leaf) -> tuple[tuple[int, int, int, int], jax.Array]:
 
 
 _FLUSH_LEAVES = ("k.codes", "k.scale", "k.zero", "k_res")
-# The in-kernel KIVI key flush is bit-identical to the XLA path in interpret mode and lowers to
-# Triton for sm_90 (tests), but has not yet run on a GPU: off by default until it has (then the
-# KIVI key block is quantized by XLA, `cache.flush_rows`, and stored by this kernel).
-FLUSH_IN_KERNEL = False
+# The in-kernel KIVI key flush is bit-identical to the XLA path in interpret mode for every KIVI
+# format (tests). On the H200 (session 6, benchmarks/results/decode_parts/session6_*) the same test
+# passed for kivi2 and kivi4 (key group 32, no sink tokens) before its time limit, and a kivi2
+# append at B=8, 32k took 9.6 us instead of 25.1 (step 377.9 -> 362.9 us). Group-128 and sink
+# formats have not run on a GPU yet: their key block stays quantized by XLA (`cache.flush_rows`,
+# stored by this kernel) unless `flush_in_kernel=True`.
+FLUSH_IN_KERNEL_GROUPS = frozenset({32})
+
+
+def flush_in_kernel_default(fmt) -> bool:
+  """Whether `write_rows` quantizes `fmt`'s KIVI key blocks in the kernel by default."""
+  return fmt.is_kivi and fmt.key.group_size in FLUSH_IN_KERNEL_GROUPS and not fmt.sink
 
 
 def _kernel(*refs, rows, n_writes, fmt, barrier):
@@ -77,9 +85,9 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpr
                num_warps=None, flush_in_kernel: bool | None = None) -> KVCache:
   """`kvjax.cache.scatter_writes` as one Pallas kernel (a `write_rows` for `cache.append`).
 
-  With `flush_in_kernel` (default FLUSH_IN_KERNEL) a `KeyFlush` of ``T < R`` tokens is quantized
-  in the kernel (`flush.py`); otherwise, and for longer ones (prefill), XLA quantizes it
-  (`cache.flush_rows`) and the kernel stores the rows. `num_warps`: default 1, or 4
+  With `flush_in_kernel` (default: `flush_in_kernel_default`, the GPU-checked formats) a
+  `KeyFlush` of ``T < R`` tokens is quantized in the kernel (`flush.py`); otherwise, and for longer
+  ones (prefill), XLA quantizes it (`cache.flush_rows`) and the kernel stores the rows. `num_warps`: default 1, or 4
   with an in-kernel flush (its ``[G, H]`` f32 tiles).
 
   Raises NotImplementedError where Triton cannot tile a row (its element count
@@ -91,7 +99,7 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpr
   if len(flushes) > 1:
     raise NotImplementedError(f"pallas_gpu append: {len(flushes)} key flushes in one append")
   fl = flushes[0] if flushes else None
-  in_kernel = FLUSH_IN_KERNEL if flush_in_kernel is None else flush_in_kernel
+  in_kernel = flush_in_kernel_default(cache.fmt) if flush_in_kernel is None else flush_in_kernel
   if fl is not None and (not in_kernel or
                          flush_lib.supported(cache.fmt, fl.new.shape[2], cache.head_dim) is not None):
     cache, writes = cache_lib.lower_flushes(cache, writes)  # quantized by XLA, stored as rows
