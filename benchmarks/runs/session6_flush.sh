@@ -2,9 +2,7 @@
 # Session 6, last device call (trimmed from session6_llama.sh to the budget left): the in-kernel KIVI key
 # flush checked on the GPU against the XLA path, and its append timed at B=8, 32k.
 set -u
-cd "$(dirname "$0")/../.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+source "$(dirname "$0")/device_setup.sh"
 JAX_PLATFORMS=cuda timeout 75 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py \
   -k "kivi_key_flush" > $OUT/flush_pytest_log.txt 2>&1; echo "pytest rc=$?"
 timeout 55 python3 benchmarks/decode_kernels.py --batches 8 --contexts 32768 --formats kivi2 \

@@ -3,9 +3,7 @@
 # Kernel at the Gemma head shape (8q/4kv, d=256, soft-cap 50) at B=24, global and 4k-window, vs torch SDPA/cudnn;
 # then the FP8 Gemma throughput row with the optimized HLO of its generate loop dumped and scanned for copies.
 set -u
-cd "$(dirname "$0")/../.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+source "$(dirname "$0")/device_setup.sh"
 timeout 330 python3 benchmarks/decode_kernels.py --shape gemma2_2b --check --check-quick --check-formats fp8_e4m3,bf16 \
   --sweep fp8_e4m3,int8 --sweep-variants-only --sweep-batch 24 --batches 24 --contexts 32768 \
   --formats bf16,fp8_e4m3,int8,int4,kivi2 --peers torch_sdpa,cudnn --step-batches 24 --reps 3 \

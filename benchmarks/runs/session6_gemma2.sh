@@ -2,9 +2,7 @@
 # Session 6, device call 2: Gemma-2-2B head shape with the head_dim-scaled warps (ops.default_warps):
 # kernels at B=24, 32k (global and 4k window) vs torch SDPA, then the Gemma-2-2B throughput rows at 32k.
 set -u
-cd "$(dirname "$0")/../.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+source "$(dirname "$0")/device_setup.sh"
 timeout 170 python3 benchmarks/decode_kernels.py --shape gemma2_2b --check --check-quick --check-formats int4,kivi2 \
   --batches 24 --contexts 32768 --formats bf16,fp8_e4m3,int8,int4,kivi4,kivi2,kivi2_g128 --peers torch_sdpa \
   --step-batches "" --reps 3 --out $OUT/decode_gemma_s6b.json > $OUT/gemma_kernel_log_b.txt 2>&1; echo "kernel rc=$?"

@@ -2,9 +2,7 @@
 # Session 6, device call 3 (Llama-3-8B heads): the in-kernel KIVI key flush checked on the GPU and its append
 # timed at B=8, 32k; the table's B=1 cells with this session's kernels (session 5 re-timed only B=8).
 set -u
-cd "$(dirname "$0")/../.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+source "$(dirname "$0")/device_setup.sh"
 JAX_PLATFORMS=cuda timeout 130 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py \
   -k "kivi_key_flush or pallas_append_equals or flush_helpers" > $OUT/flush_pytest_log.txt 2>&1; echo "pytest rc=$?"
 timeout 100 python3 benchmarks/decode_kernels.py --batches 8 --contexts 32768 --formats fp8_e4m3,kivi2,kivi2_g128,kivi4 \
