@@ -183,6 +183,34 @@ def test_two_term_split_is_bf16_accurate(dtype):
   assert float(jnp.abs(y[3]).max()) == 0.0
 
 
+VALUE_T_CASES = [("fp8_e4m3", {}), ("fp8_e5m2", {"block": 128}), ("int8", {}),
+                 ("int8", {"narrow_pv": True}), ("fp8_e4m3", {"narrow_pv": True, "num_splits": 3})]
+
+
+@pytest.mark.parametrize("fmt_name,opts", VALUE_T_CASES,
+                         ids=[f + "".join(f"+{k}" for k in o) for f, o in VALUE_T_CASES])
+def test_channel_major_values_match_reference(fmt_name, opts):
+  """value_t=True reads value codes stored [B, K, H, S] (`transpose_values`): same attention."""
+  q, c = test_base.make_case(fmt_name, [0, 1, 63, 64, 200, test_base.CAPACITY], num_queries=3)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+  ct = ops.transpose_values(c)
+  assert ct.v.codes.shape == c.v.codes.shape[:2] + c.v.codes.shape[:1:-1]
+  out = np.asarray(ops.decode_attention(q, ct, interpret=INTERPRET, value_t=True, **opts), np.float32)
+  assert np.abs(out[0]).max() == 0.0
+  assert test_base.relative_error(out[1][:, 2:], ref[1][:, 2:]) < 1e-2
+  assert test_base.relative_error(out[2:], ref[2:]) < 1e-2
+
+
+def test_channel_major_values_checked():
+  q, c = test_base.make_case("fp8_e4m3", [5, 9])
+  with pytest.raises(ValueError, match=r"value_t=True reads channel-major value codes"):
+    ops.decode_attention(q, c, interpret=INTERPRET, value_t=True)  # not transposed
+  for name in ("int4", "bf16", "kivi2"):
+    q, c = test_base.make_case(name, [5])
+    with pytest.raises(NotImplementedError):
+      ops.plan_for(c, 1, 4, value_t=True)
+
+
 # The shared base runs the defaults (tile_loop on, join_values off); these are the others.
 KIVI_VARIANTS = [("kivi2", {"join_values": True, "tile_loop": False}),
                  ("kivi2_g128", {"join_values": True, "tile_loop": False}),

@@ -49,6 +49,14 @@ def _dot(a, b, trans_b=False):
   return plgpu.dot(a, b, trans_b=trans_b)
 
 
+def _to_f16(c):
+  """fp8 / int8 codes -> fp16; int8 through 0x6400 (bitcast of 0x6400 | (c ^ 0x80) = 1152 + c)."""
+  if c.dtype != jnp.int8:
+    return c.astype(jnp.float16)
+  x = (lax.bitcast_convert_type(c, jnp.uint8) ^ jnp.uint8(0x80)).astype(jnp.uint16) | jnp.uint16(0x6400)
+  return lax.bitcast_convert_type(x, jnp.float16) - jnp.float16(1152)
+
+
 def _u4_to_f16(c, offset):
   """uint8 codes < 16 (or < 256 for KIVI-4 nibbles) -> fp16 ``code - offset`` via 0x6400."""
   x = c.astype(jnp.uint16) | jnp.uint16(0x6400)
@@ -105,6 +113,7 @@ class FlatPlan:
   narrow_pv: bool = False  # p . v likewise (two-term p * scale)
   prefetch: int = 0  # per-token scales loaded this many blocks ahead (carried through the loop)
   packed_unpack: bool = False  # INT4 nibbles unpacked 4 bytes at a time by inline PTX (GPU only)
+  value_t: bool = False  # value codes channel-major [H, S] (the mma operand's k-pairs adjacent)
 
 
 def _two_term(x, dtype):
@@ -236,8 +245,14 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
     alpha = jnp.exp2(m_prev - m_new)
     p = jnp.where(mask, jnp.exp2(s - m_new[:, None]), 0.0)
     l_new = l_prev * alpha + jnp.sum(p, axis=1)
-    vc = v_ref[pl.ds(t0, bs), :]
-    if plan.value_kind == "bf16":
+    vc = v_ref[:, pl.ds(t0, bs)] if plan.value_t else v_ref[pl.ds(t0, bs), :]
+    if plan.value_t:
+      pp = p * (vsc * plan.value_c)[None, :] if plan.value_scaled else p
+      if plan.narrow_pv:
+        pv = (_two_term_dot(_two_term(pp, vc.dtype), vc, True),)
+      else:
+        pv = (_dot(pp.astype(jnp.float16), _to_f16(vc), trans_b=True),)
+    elif plan.value_kind == "bf16":
       pv = (_dot(p.astype(jnp.bfloat16), vc),)
     else:
       pp = p

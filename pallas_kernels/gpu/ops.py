@@ -18,7 +18,7 @@ from kvjax.cache import KVCache
 from kvjax.formats import FP8Spec, IntSpec, Passthrough
 from pallas_kernels.gpu import decode, kivi
 
-__all__ = ["decode_attention", "plan_for", "default_splits", "default_warps"]
+__all__ = ["decode_attention", "plan_for", "default_splits", "default_warps", "transpose_values"]
 
 NUM_SMS = 132  # H200; only steers the split heuristic
 MAX_ROWS = 64
@@ -104,7 +104,7 @@ def _narrow_ok(spec):
 
 def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, block=None,
              softcap=None, window=None, narrow_qk=None, narrow_pv=None, join_values=None,
-             tile_loop=None, prefetch=None, packed_unpack=None):
+             tile_loop=None, prefetch=None, packed_unpack=None, value_t=False):
   """The static kernel plan for `cache`, or NotImplementedError.
 
   narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
@@ -114,7 +114,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
   (KIVI: tiles, with tile_loop) ahead. packed_unpack: 2/4-bit codes unpacked by inline PTX (GPU
   only). block: tokens per block of the per-token kernels (a power of two dividing the capacity).
   None = the module default (NARROW_QK_KINDS, NARROW_PV, JOIN_VALUES, TILE_LOOP, PREFETCH /
-  KIVI_PREFETCH, QUANT_BLOCK, PACKED_UNPACK: the measured winners).
+  KIVI_PREFETCH, QUANT_BLOCK, PACKED_UNPACK: the measured winners). value_t: the value codes are
+  channel-major ([B, K, H, S], `transpose_values`), so the p.v operand's token pairs are adjacent bytes.
   """
   fmt = cache.fmt
   window = None if window is None else int(window)
@@ -124,6 +125,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
   if h % 32 or h > 256 or h & (h - 1):
     raise NotImplementedError(f"pallas_gpu: head_dim {h} (needs a power of two in [32, 256])")
   if fmt.is_kivi:
+    if value_t:
+      raise NotImplementedError(f"pallas_gpu: value_t=True needs FP8 or INT8 values, got {fmt.value}")
     ks, vs = fmt.key, fmt.value
     r = fmt.residual
     if fmt.residual_dtype != "bfloat16":
@@ -150,6 +153,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
                                               else prefetch) if loop else 0),
                              "packed_unpack": bool(PACKED_UNPACK if packed_unpack is None else packed_unpack)})
   kk, vk = _kind(fmt.key, "key"), _kind(fmt.value, "value")
+  if value_t and vk not in ("f8", "i8"):
+    raise NotImplementedError(f"pallas_gpu: value_t=True needs FP8 or INT8 values, got {fmt.value}")
   for spec, role in ((fmt.key, "key"), (fmt.value, "value")):
     if isinstance(spec, IntSpec) and spec.bits == 4 and cache.__getattribute__(role[0]).block != h:
       raise NotImplementedError("pallas_gpu: int4 must be packed in blocks of head_dim")
@@ -173,7 +178,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       narrow_qk=bool(narrow_qk) and _narrow_ok(fmt.key),
       narrow_pv=bool(narrow_pv) and _narrow_ok(fmt.value),
       prefetch=int((0 if kk == vk == "bf16" else PREFETCH) if prefetch is None else prefetch),
-      packed_unpack=bool(PACKED_UNPACK if packed_unpack is None else packed_unpack) and "i4" in (kk, vk))
+      packed_unpack=bool(PACKED_UNPACK if packed_unpack is None else packed_unpack) and "i4" in (kk, vk),
+      value_t=bool(value_t))
 
 
 def default_warps(plan, head_dim: int = WARPS_HEAD_DIM) -> int:
@@ -184,6 +190,13 @@ def default_warps(plan, head_dim: int = WARPS_HEAD_DIM) -> int:
   else:
     w = FLAT_WARPS.get(plan.key_kind, 4) if plan.key_kind == plan.value_kind else 4
   return w if w >= 4 else min(4, w * max(1, head_dim // WARPS_HEAD_DIM))
+
+
+def transpose_values(cache: KVCache) -> KVCache:
+  """`cache` with its value codes stored channel-major, ``[B, K, H, S]``, as `value_t=True` reads
+  them (FP8 / INT8 values). Experimental: only the decode kernel reads this layout (the cache's
+  append and the XLA reference do not), so it is for benchmarks and tests of that kernel."""
+  return cache.replace(v=cache.v.replace(codes=jnp.swapaxes(cache.v.codes, -2, -1)))
 
 
 def _per_token(scale, b, kh, s):
@@ -204,14 +217,18 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
     return o, m, l
   ksc = _per_token(cache.k.scale, b, kh, s) if plan.key_scaled else None
   vsc = _per_token(cache.v.scale, b, kh, s) if plan.value_scaled else None
-  return decode.flat_decode(q, cache.lengths, cache.k.codes, cache.v.codes, ksc, vsc, plan=plan,
+  vcodes = cache.v.codes
+  if plan.value_t and vcodes.shape != (b, kh, cache.head_dim, s):
+    raise ValueError(f"value_t=True reads channel-major value codes [B, K, H, S] = "
+                     f"{(b, kh, cache.head_dim, s)} (see transpose_values), got {vcodes.shape}")
+  return decode.flat_decode(q, cache.lengths, cache.k.codes, vcodes, ksc, vsc, plan=plan,
                             num_warps=num_warps, num_stages=num_stages, interpret=interpret)
 
 
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
                      interpret=None, num_splits=None, block=None, num_warps=None,
                      num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None,
-                     tile_loop=None, prefetch=None, packed_unpack=None):
+                     tile_loop=None, prefetch=None, packed_unpack=None, value_t=False):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`)."""
   if window is not None and (int(window) != window or window < 1):
@@ -236,7 +253,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
     packed_unpack = False
   plan = plan_for(cache, t, rows, num_splits=num_splits, block=block, softcap=logit_softcap,
                   window=window, narrow_qk=narrow_qk, narrow_pv=narrow_pv, join_values=join_values,
-                  tile_loop=tile_loop, prefetch=prefetch, packed_unpack=packed_unpack)
+                  tile_loop=tile_loop, prefetch=prefetch, packed_unpack=packed_unpack, value_t=value_t)
   fmt = cache.fmt
   sm = h ** -0.5 if sm_scale is None else sm_scale
   qs = q.astype(jnp.float32).reshape(bq, kh, rows, h) * (sm if logit_softcap else sm * decode.LOG2E)
