@@ -44,8 +44,9 @@ N_HEADS, K_HEADS = SHAPES["llama3_8b"].n_heads, SHAPES["llama3_8b"].k_heads  # t
 # block, narrow dots, joined values, tile loop) are settled in decode_s3/s4/s5.json.
 FLAT = (dict(num_warps=4), dict(num_warps=2, block=128), dict(num_warps=2, prefetch=0),
         dict(num_warps=2, num_stages=4), dict(num_warps=4, block=32))  # block 32: for head_dim 256
-# value_t: channel-major value codes (ops.transpose_values); CPU-compiled SASS, session 7: fp8 0.113 ->
-# 0.083 warp-instructions per byte (no byte-wise LDS.U8 for the p.v operand), 243 -> 167 registers.
+# value_t: value codes transposed per block (ops.transpose_values); CPU-compiled SASS, session 7: fp8
+# 0.113 -> 0.083 warp-instructions per byte (no byte-wise LDS.U8 for the p.v operand), 243 -> 167 registers.
+# Fully channel-major [H, S] codes timed slower on the H200 (fp8 179 vs 171 us, decode_s7_value_t.json).
 VALUE_T = (dict(value_t=True), dict(value_t=True, block=128), dict(value_t=True, num_warps=4))
 VARIANTS = {"fp8_e4m3": FLAT + VALUE_T, "int8": FLAT + VALUE_T + (dict(value_t=True, narrow_pv=True),),
             "int4": (dict(num_warps=2), dict(packed_unpack=False)),
@@ -82,7 +83,8 @@ def _check_one(tb, f, opts, quick=False, shape=SHAPES["llama3_8b"]):
   cases = [(L, t, 4, 2) for L in tb.LENGTHS.values() for t in (1, 3)] + [([5, 200], 1, 8, 1)]
   if quick:  # 2 kernel shapes: the ragged batch (0, 1, windows empty/partial/full) with T = 3
     cases = [(tb.LENGTHS["ragged"], 3, 4, 2)]
-  layout = ops.transpose_values if opts.get("value_t") else (lambda c: c)
+  layout = ((lambda c: ops.transpose_values(c, opts.get("block") or ops.QUANT_BLOCK)) if opts.get("value_t")
+            else (lambda c: c))
   for L, t, rep, kh in cases:
     q, c = tb.make_case(f, L, num_queries=t, rep=rep, num_kv_heads=kh, seed=len(L) + t)
     ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)

@@ -190,11 +190,14 @@ VALUE_T_CASES = [("fp8_e4m3", {}), ("fp8_e5m2", {"block": 128}), ("int8", {}),
 @pytest.mark.parametrize("fmt_name,opts", VALUE_T_CASES,
                          ids=[f + "".join(f"+{k}" for k in o) for f, o in VALUE_T_CASES])
 def test_channel_major_values_match_reference(fmt_name, opts):
-  """value_t=True reads value codes stored [B, K, H, S] (`transpose_values`): same attention."""
+  """value_t=True reads value codes transposed per block (`transpose_values`): same attention."""
   q, c = test_base.make_case(fmt_name, [0, 1, 63, 64, 200, test_base.CAPACITY], num_queries=3)
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
-  ct = ops.transpose_values(c)
-  assert ct.v.codes.shape == c.v.codes.shape[:2] + c.v.codes.shape[:1:-1]
+  blk = opts.get("block", ops.QUANT_BLOCK)
+  ct = ops.transpose_values(c, blk)
+  b, kh, s, h = c.v.codes.shape
+  assert ct.v.codes.shape == (b, kh, s // blk * h, blk)
+  np.testing.assert_array_equal(np.asarray(ct.v.codes[1, 0, h:2 * h, 3]), np.asarray(c.v.codes[1, 0, blk + 3]))
   out = np.asarray(ops.decode_attention(q, ct, interpret=INTERPRET, value_t=True, **opts), np.float32)
   assert np.abs(out[0]).max() == 0.0
   assert test_base.relative_error(out[1][:, 2:], ref[1][:, 2:]) < 1e-2
@@ -203,8 +206,10 @@ def test_channel_major_values_match_reference(fmt_name, opts):
 
 def test_channel_major_values_checked():
   q, c = test_base.make_case("fp8_e4m3", [5, 9])
-  with pytest.raises(ValueError, match=r"value_t=True reads channel-major value codes"):
+  with pytest.raises(ValueError, match=r"value_t=True reads value codes transposed in blocks of 64"):
     ops.decode_attention(q, c, interpret=INTERPRET, value_t=True)  # not transposed
+  with pytest.raises(ValueError, match=r"in blocks of 128"):
+    ops.decode_attention(q, ops.transpose_values(c, 64), interpret=INTERPRET, value_t=True, block=128)
   for name in ("int4", "bf16", "kivi2"):
     q, c = test_base.make_case(name, [5])
     with pytest.raises(NotImplementedError):
@@ -275,6 +280,20 @@ def test_default_warps_scale_with_head_dim(fmt_name, want):
   for h, w in want.items():
     _, c = test_base.make_case(fmt_name, [5], head_dim=h, rep=2)
     assert ops.default_warps(ops.plan_for(c, 1, 2), h) == w, (fmt_name, h)
+
+
+@pytest.mark.parametrize("b,ctx,want", [(8, 1024, 9), (8, 4096, 9), (1, 4096, 64), (1, 32768, 66),
+                                        (8, 32768, 33), (64, 32768, 5), (1, 131072, 256)])
+def test_short_contexts_get_fewer_splits(b, ctx, want):
+  """fp8 (64-token blocks, 8 KV heads): about SHORT_BLOCKS blocks per program where QUANT_TARGET
+  would leave 1-2 (the session-7 sweep), unchanged from B=8 at 32k up."""
+  c = cache_lib.init_cache(formats.preset("fp8_e4m3"), b, 8, ctx, 128)
+  assert ops.plan_for(c, 1, 4).num_splits == want
+  assert ops.plan_for(c, 1, 4, num_splits=3).num_splits == 3
+  if ctx >= 32768 and b >= 8:
+    assert want == ops.default_splits(b, 8, ctx // 64, ops.QUANT_TARGET)
+  kv = cache_lib.init_cache(formats.preset("kivi2"), b, 8, ctx, 128)  # KIVI keeps QUANT_TARGET
+  assert ops.plan_for(kv, 1, 4).num_splits == ops.default_splits(b, 8, ctx // 128, ops.QUANT_TARGET)
 
 
 def test_prefetch_needs_the_tile_loop_for_kivi():

@@ -110,14 +110,16 @@ def test_append_lowers_to_one_triton_kernel(fmt_name, num_new):
     assert len(ir) < 400_000, len(ir)
 
 
-@pytest.mark.parametrize("fmt_name,in_kernel", [("kivi2", True), ("kivi4", True), ("kivi2_g128", False),
-                                                ("kivi2_sink4", False), ("fp8_e4m3", False)])
+@pytest.mark.parametrize("fmt_name,in_kernel", [("kivi2", True), ("kivi4", True), ("kivi2_g128", True),
+                                                ("kivi2_sink4", True), ("kivi2_g64", False),
+                                                ("fp8_e4m3", False)])
 def test_append_flushes_in_kernel_by_default_only_where_gpu_checked(fmt_name, in_kernel):
-  # G=32 without sinks ran bit-identical on the H200; the others keep XLA's key quantization
+  # key groups 32 and 128 (with and without sinks) ran bit-identical on the H200; others keep XLA's
   import jax.numpy as jnp
   from kvjax import cache as cache_lib, formats
   from pallas_kernels.gpu import write
-  fmt = formats.kivi(2, 32, 128, sink=4) if fmt_name == "kivi2_sink4" else formats.preset(fmt_name)
+  fmt = {"kivi2_sink4": lambda: formats.kivi(2, 32, 128, sink=4),
+         "kivi2_g64": lambda: formats.kivi(2, 64, 128)}.get(fmt_name, lambda: formats.preset(fmt_name))()
   assert write.flush_in_kernel_default(fmt) == in_kernel
   c = cache_lib.init_cache(fmt, 2, 2, 512, 128)
   k = jnp.zeros((2, 2, 1, 128), jnp.bfloat16)

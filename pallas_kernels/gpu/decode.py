@@ -113,7 +113,7 @@ class FlatPlan:
   narrow_pv: bool = False  # p . v likewise (two-term p * scale)
   prefetch: int = 0  # per-token scales loaded this many blocks ahead (carried through the loop)
   packed_unpack: bool = False  # INT4 nibbles unpacked 4 bytes at a time by inline PTX (GPU only)
-  value_t: bool = False  # value codes channel-major [H, S] (the mma operand's k-pairs adjacent)
+  value_t: bool = False  # value codes [H, block] per block (ops.transpose_values): k-pairs adjacent
 
 
 def _two_term(x, dtype):
@@ -245,7 +245,7 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
     alpha = jnp.exp2(m_prev - m_new)
     p = jnp.where(mask, jnp.exp2(s - m_new[:, None]), 0.0)
     l_new = l_prev * alpha + jnp.sum(p, axis=1)
-    vc = v_ref[:, pl.ds(t0, bs)] if plan.value_t else v_ref[pl.ds(t0, bs), :]
+    vc = v_ref[pl.ds(i * h, h), :] if plan.value_t else v_ref[pl.ds(t0, bs), :]
     if plan.value_t:
       pp = p * (vsc * plan.value_c)[None, :] if plan.value_scaled else p
       if plan.narrow_pv:

@@ -18,7 +18,8 @@ from kvjax.cache import KVCache
 from kvjax.formats import FP8Spec, IntSpec, Passthrough
 from pallas_kernels.gpu import decode, kivi
 
-__all__ = ["decode_attention", "plan_for", "default_splits", "default_warps", "transpose_values"]
+__all__ = ["decode_attention", "plan_for", "default_splits", "quant_target", "default_warps",
+           "transpose_values"]
 
 NUM_SMS = 132  # H200; only steers the split heuristic
 MAX_ROWS = 64
@@ -26,6 +27,13 @@ MAX_ROWS = 64
 # splits (32 at B=8: fp8 253 -> 212 us, kivi2 808 -> 675 us) and 3 pipeline stages.
 QUANT_TARGET = 16 * NUM_SMS
 QUANT_STAGES = 3
+# Session-7 num_splits sweep at short contexts (H200, fp8 e4m3, block 64, decode_parts/decode_s7_splits.json):
+# the QUANT_TARGET split count leaves 1-2 blocks per program there, and the merge and per-program setup
+# dominate. B=8 1k: 16 splits 18.5 us, 8: 15.3, 4: 14.7; B=8 4k: 33 splits 43.6, 8: 33.6; B=1 32k:
+# 264 splits 45.0, 64: 33.9; B=1 4k: 64 splits 13.5, 16: 16.5 (there parallelism wins). So the target
+# drops to total blocks / SHORT_BLOCKS programs, not below 4 per SM (`quant_target`); from B=8 at 32k
+# up (>= 16896 blocks) nothing changes. KIVI (128-token blocks) was near its optimum everywhere swept.
+SHORT_BLOCKS = 8
 # Variant sweep on the H200 (B=8, 32k, session 3, benchmarks/results/decode_parts/decode_s3.json):
 # 8-bit tensor-core q.k pays off for INT8 codes (241 -> 207 us) but not for FP8 e4m3, whose
 # fp8 -> fp16 upcast is native (208 -> 216 us); narrow p.v loses for both (222 / 268 us).
@@ -74,6 +82,13 @@ def _pow2_at_least(x, lo):
 def default_splits(batch, kv_heads, num_blocks, target=4 * NUM_SMS):
   """Enough (b, k, split) programs to fill the GPU a few times over."""
   return int(max(1, min(num_blocks, -(-target // (batch * kv_heads)))))
+
+
+def quant_target(batch, kv_heads, num_blocks):
+  """Programs to aim for with the per-token quantized kernels: QUANT_TARGET, but where that would
+  leave under SHORT_BLOCKS blocks per program (short contexts, small batches), fewer programs, down
+  to 4 per SM."""
+  return min(QUANT_TARGET, max(4 * NUM_SMS, batch * kv_heads * num_blocks // SHORT_BLOCKS))
 
 
 def _kind(spec, role):
@@ -166,7 +181,7 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
   elif block < 16 or block & (block - 1) or s % block:
     raise ValueError(f"block must be a power of two >= 16 dividing the cache capacity {s}, got {block}")
   ns = num_splits or default_splits(
-      b, kh, s // block, 4 * NUM_SMS if kk == vk == "bf16" else QUANT_TARGET)
+      b, kh, s // block, 4 * NUM_SMS if kk == vk == "bf16" else quant_target(b, kh, s // block))
   narrow_qk = (kk in NARROW_QK_KINDS) if narrow_qk is None else narrow_qk
   narrow_pv = NARROW_PV if narrow_pv is None else narrow_pv
   return decode.FlatPlan(
@@ -192,11 +207,15 @@ def default_warps(plan, head_dim: int = WARPS_HEAD_DIM) -> int:
   return w if w >= 4 else min(4, w * max(1, head_dim // WARPS_HEAD_DIM))
 
 
-def transpose_values(cache: KVCache) -> KVCache:
-  """`cache` with its value codes stored channel-major, ``[B, K, H, S]``, as `value_t=True` reads
-  them (FP8 / INT8 values). Experimental: only the decode kernel reads this layout (the cache's
-  append and the XLA reference do not), so it is for benchmarks and tests of that kernel."""
-  return cache.replace(v=cache.v.replace(codes=jnp.swapaxes(cache.v.codes, -2, -1)))
+def transpose_values(cache: KVCache, block: int = QUANT_BLOCK) -> KVCache:
+  """`cache` with its value codes stored channel-major within blocks of `block` tokens,
+  ``[B, K, S / block * H, block]`` (block i's [H, block] transpose at rows i*H..), as `value_t=True`
+  with that `block` reads them (FP8 / INT8 values). Experimental: only the decode kernel reads this
+  layout (the cache's append and the XLA reference do not): for benchmarks and tests of the kernel."""
+  c = cache.v.codes
+  b, kh, s, h = c.shape
+  t = jnp.swapaxes(c.reshape(b, kh, s // block, block, h), -2, -1).reshape(b, kh, s // block * h, block)
+  return cache.replace(v=cache.v.replace(codes=t))
 
 
 def _per_token(scale, b, kh, s):
@@ -218,9 +237,10 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
   ksc = _per_token(cache.k.scale, b, kh, s) if plan.key_scaled else None
   vsc = _per_token(cache.v.scale, b, kh, s) if plan.value_scaled else None
   vcodes = cache.v.codes
-  if plan.value_t and vcodes.shape != (b, kh, cache.head_dim, s):
-    raise ValueError(f"value_t=True reads channel-major value codes [B, K, H, S] = "
-                     f"{(b, kh, cache.head_dim, s)} (see transpose_values), got {vcodes.shape}")
+  want = (b, kh, s // plan.block * cache.head_dim, plan.block)
+  if plan.value_t and vcodes.shape != want:
+    raise ValueError(f"value_t=True reads value codes transposed in blocks of {plan.block} tokens, "
+                     f"{want} (see transpose_values), got {vcodes.shape}")
   return decode.flat_decode(q, cache.lengths, cache.k.codes, vcodes, ksc, vsc, plan=plan,
                             num_warps=num_warps, num_stages=num_stages, interpret=interpret)
 

@@ -50,17 +50,17 @@ def _flat(w: RowWrite, leaf) -> tuple[tuple[int, int, int, int], jax.Array]:
 
 _FLUSH_LEAVES = ("k.codes", "k.scale", "k.zero", "k_res")
 # The in-kernel KIVI key flush is bit-identical to the XLA path in interpret mode for every KIVI
-# format (tests). On the H200 (session 6, benchmarks/results/decode_parts/session6_*) the same test
-# passed for kivi2 and kivi4 (key group 32, no sink tokens) before its time limit, and a kivi2
-# append at B=8, 32k took 9.6 us instead of 25.1 (step 377.9 -> 362.9 us). Group-128 and sink
-# formats have not run on a GPU yet: their key block stays quantized by XLA (`cache.flush_rows`,
-# stored by this kernel) unless `flush_in_kernel=True`.
-FLUSH_IN_KERNEL_GROUPS = frozenset({32})
+# format (tests). On the H200 the same test passed for kivi2 and kivi4 (session 6,
+# benchmarks/results/decode_parts/session6_*) and for kivi2_g128 and a sink format (kivi4, sink 3;
+# session 7, decode_parts/session7_flush_pytest_log.txt); a kivi2 append at B=8, 32k took 9.6 us
+# instead of 25.1 (step 377.9 -> 362.9 us). Key groups not in this set (none of the presets) keep the
+# XLA flush (`cache.flush_rows`, stored by this kernel) unless `flush_in_kernel=True`.
+FLUSH_IN_KERNEL_GROUPS = frozenset({32, 128})
 
 
 def flush_in_kernel_default(fmt) -> bool:
   """Whether `write_rows` quantizes `fmt`'s KIVI key blocks in the kernel by default."""
-  return fmt.is_kivi and fmt.key.group_size in FLUSH_IN_KERNEL_GROUPS and not fmt.sink
+  return fmt.is_kivi and fmt.key.group_size in FLUSH_IN_KERNEL_GROUPS
 
 
 def _kernel(*refs, rows, n_writes, fmt, barrier):
