@@ -46,7 +46,8 @@ FLAT = (dict(num_warps=4), dict(num_warps=2, block=128), dict(num_warps=2, prefe
         dict(num_warps=2, num_stages=4), dict(num_warps=4, block=32))  # block 32: for head_dim 256
 # value_t: value codes transposed per block (ops.transpose_values); CPU-compiled SASS, session 7: fp8
 # 0.113 -> 0.083 warp-instructions per byte (no byte-wise LDS.U8 for the p.v operand), 243 -> 167 registers.
-# Fully channel-major [H, S] codes timed slower on the H200 (fp8 179 vs 171 us, decode_s7_value_t.json).
+# Fully channel-major [H, S] codes timed slower on the H200 (fp8 179 vs 171 us, decode_s7_value_t.json);
+# per-block transposed ones faster: 158 us, 149 with 4 warps, vs 172 (decode_s7_value_t_tiled.json).
 VALUE_T = (dict(value_t=True), dict(value_t=True, block=128), dict(value_t=True, num_warps=4))
 VARIANTS = {"fp8_e4m3": FLAT + VALUE_T, "int8": FLAT + VALUE_T + (dict(value_t=True, narrow_pv=True),),
             "int4": (dict(num_warps=2), dict(packed_unpack=False)),
