@@ -159,7 +159,7 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
   length, nb, ns, caches, q = cache_sets(fmt_name, b, ctx, key)
   steps = max(1, steps_for(nb / 3.5e6) // ns)
   rows = []
-  if (opts or {}).get("value_t"):  # channel-major value codes: only the kernel reads them, no step
+  if (opts or {}).get("value_t"):  # value codes transposed per block: only the kernel reads them, no step
     caches = tuple(ops.transpose_values(c, opts.get("block") or ops.QUANT_BLOCK) for c in caches)
     do_step = False
 

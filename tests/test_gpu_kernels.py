@@ -208,6 +208,10 @@ def test_channel_major_values_checked():
   q, c = test_base.make_case("fp8_e4m3", [5, 9])
   with pytest.raises(ValueError, match=r"value_t=True reads value codes transposed in blocks of 64"):
     ops.decode_attention(q, c, interpret=INTERPRET, value_t=True)  # not transposed
+  with pytest.raises(ValueError, match=r"block must divide the cache capacity 384, got 100"):
+    ops.transpose_values(c, 100)
+  with pytest.raises(ValueError, match=r"token-major 8-bit value codes"):
+    ops.transpose_values(ops.transpose_values(c))
   with pytest.raises(ValueError, match=r"in blocks of 128"):
     ops.decode_attention(q, ops.transpose_values(c, 64), interpret=INTERPRET, value_t=True, block=128)
   for name in ("int4", "bf16", "kivi2"):

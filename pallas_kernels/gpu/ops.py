@@ -215,6 +215,11 @@ def transpose_values(cache: KVCache, block: int = QUANT_BLOCK) -> KVCache:
   layout (the cache's append and the XLA reference do not): for benchmarks and tests of the kernel."""
   c = cache.v.codes
   b, kh, s, h = c.shape
+  if c.dtype.itemsize != 1 or c.shape != (cache.batch, cache.num_kv_heads, cache.capacity, cache.head_dim):
+    raise ValueError(f"transpose_values needs token-major 8-bit value codes [B, K, S, H], got "
+                     f"{c.dtype} {c.shape}")
+  if block < 1 or s % block:
+    raise ValueError(f"block must divide the cache capacity {s}, got {block}")
   t = jnp.swapaxes(c.reshape(b, kh, s // block, block, h), -2, -1).reshape(b, kh, s // block * h, block)
   return cache.replace(v=cache.v.replace(codes=t))
 
