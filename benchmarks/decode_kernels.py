@@ -160,7 +160,7 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
   steps = max(1, steps_for(nb / 3.5e6) // ns)
   rows = []
   if (opts or {}).get("value_t"):  # value codes transposed per block: only the kernel reads them, no step
-    caches = tuple(ops.transpose_values(c, opts.get("block") or ops.QUANT_BLOCK) for c in caches)
+    caches = tuple(ops.transpose_values(c, opts.get("block")) for c in caches)
     do_step = False
 
   def attend(x):

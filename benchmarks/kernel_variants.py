@@ -84,8 +84,7 @@ def _check_one(tb, f, opts, quick=False, shape=SHAPES["llama3_8b"]):
   cases = [(L, t, 4, 2) for L in tb.LENGTHS.values() for t in (1, 3)] + [([5, 200], 1, 8, 1)]
   if quick:  # 2 kernel shapes: the ragged batch (0, 1, windows empty/partial/full) with T = 3
     cases = [(tb.LENGTHS["ragged"], 3, 4, 2)]
-  layout = ((lambda c: ops.transpose_values(c, opts.get("block") or ops.QUANT_BLOCK)) if opts.get("value_t")
-            else (lambda c: c))
+  layout = (lambda c: ops.transpose_values(c, opts.get("block"))) if opts.get("value_t") else (lambda c: c)
   for L, t, rep, kh in cases:
     q, c = tb.make_case(f, L, num_queries=t, rep=rep, num_kv_heads=kh, seed=len(L) + t)
     ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)

@@ -208,11 +208,13 @@ def default_warps(plan, head_dim: int = WARPS_HEAD_DIM) -> int:
   return w if w >= 4 else min(4, w * max(1, head_dim // WARPS_HEAD_DIM))
 
 
-def transpose_values(cache: KVCache, block: int = QUANT_BLOCK) -> KVCache:
+def transpose_values(cache: KVCache, block: int | None = None) -> KVCache:
   """`cache` with its value codes stored channel-major within blocks of `block` tokens,
   ``[B, K, S / block * H, block]`` (block i's [H, block] transpose at rows i*H..), as `value_t=True`
   with that `block` reads them (FP8 / INT8 values). Experimental: only the decode kernel reads this
-  layout (the cache's append and the XLA reference do not): for benchmarks and tests of the kernel."""
+  layout (the cache's append and the XLA reference do not): for benchmarks and tests of the kernel.
+  block None: QUANT_BLOCK, the kernel's default block."""
+  block = QUANT_BLOCK if block is None else block
   c = cache.v.codes
   b, kh, s, h = c.shape
   if c.dtype.itemsize != 1 or c.shape != (cache.batch, cache.num_kv_heads, cache.capacity, cache.head_dim):
