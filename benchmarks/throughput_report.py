@@ -18,7 +18,10 @@ def merge(paths, out):
     d = json.load(open(p))
     metas.append(d.get("meta"))
     for r in d["rows"]:
-      rows[(r["model"], r["format"], r["context"])] = r
+      key = (r["model"], r["format"], r["context"])
+      if r.get("error") and rows.get(key, {}).get("tokens_per_s"):
+        continue  # a failed re-run never replaces a measured row
+      rows[key] = r
   rows = list(rows.values())
   write(rows, metas, out)
   return rows
