@@ -42,7 +42,7 @@ import pallas_kernels.gpu  # noqa: F401  (registers pallas_gpu)
 from pallas_kernels.gpu import ops, write
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_variants import SHAPES, check_all, opts_name, sweep_grid  # noqa: E402
+from kernel_variants import SHAPES, check_all, opts_name, split_layout, sweep_grid  # noqa: E402
 from decode_report import BF16_PEERS, KV_FORMATS, merge_and_plot, plot, save, summary  # noqa: E402
 
 SHAPE = SHAPES["llama3_8b"]  # the timed head shape; main() sets it from --shape
@@ -159,9 +159,8 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
   length, nb, ns, caches, q = cache_sets(fmt_name, b, ctx, key)
   steps = max(1, steps_for(nb / 3.5e6) // ns)
   rows = []
-  if (opts or {}).get("value_t"):  # value codes transposed per block: only the kernel reads them, no step
-    caches = tuple(ops.transpose_values(c, opts.get("block")) for c in caches)
-    do_step = False
+  layout, opts = split_layout(opts)  # `value_tile`: the cache's value layout (default: the backend's)
+  caches = tuple(layout(c) for c in caches)
 
   def attend(x):
     q, cs = x

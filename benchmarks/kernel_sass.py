@@ -61,8 +61,9 @@ def lower(fmt_name, opts, shape, batch=8, capacity=2048):
   from pallas_kernels.gpu import lowering_check, ops
   q, c = test_base.make_case(fmt_name, [capacity // 2] * batch, num_kv_heads=shape.k_heads,
                              rep=shape.rep, head_dim=shape.head_dim, capacity=capacity)
-  if opts.get("value_t"):
-    c = ops.transpose_values(c, opts.get("block"))
+  from kernel_variants import split_layout
+  layout, opts = split_layout(opts)
+  c = layout(c)
   mods = lowering_check.lower(q, c, logit_softcap=shape.softcap, **opts)
   plan_opts = {k: v for k, v in opts.items() if k not in ("num_warps", "num_stages")}
   plan = ops.plan_for(c, 1, shape.rep, softcap=shape.softcap, **plan_opts)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kvjax import attention
+from kvjax import cache as cache_lib
 from pallas_kernels.gpu import ops
 
 
@@ -42,20 +43,31 @@ N_HEADS, K_HEADS = SHAPES["llama3_8b"].n_heads, SHAPES["llama3_8b"].k_heads  # t
 # Neighbours of the defaults set from session 5's sweep (decode_parts/decode_s5.json): fp8/int8 run
 # 2 warps, int4 and KIVI unpack with inline PTX, KIVI G=32 runs 2 warps. Older variants (prefetch,
 # block, narrow dots, joined values, tile loop) are settled in decode_s3/s4/s5.json.
-FLAT = (dict(num_warps=4), dict(num_warps=2, block=128), dict(num_warps=2, prefetch=0),
-        dict(num_warps=2, num_stages=4), dict(num_warps=4, block=32))  # block 32: for head_dim 256
-# value_t: value codes transposed per block (ops.transpose_values); CPU-compiled SASS, session 7: fp8
-# 0.113 -> 0.083 warp-instructions per byte (no byte-wise LDS.U8 for the p.v operand), 243 -> 167 registers.
-# Fully channel-major [H, S] codes timed slower on the H200 (fp8 179 vs 171 us, decode_s7_value_t.json);
-# per-block transposed ones faster: 158 us, 149 with 4 warps, vs 172 (decode_s7_value_t_tiled.json).
-VALUE_T = (dict(value_t=True), dict(value_t=True, block=128), dict(value_t=True, num_warps=4))
-VARIANTS = {"fp8_e4m3": FLAT + VALUE_T, "int8": FLAT + VALUE_T + (dict(value_t=True, narrow_pv=True),),
+# Values in tiles (`init_cache(value_tile=)`, the GPU default since session 8; `value_tile` is a cache
+# option, the rest kernel options): CPU-compiled SASS, session 7: fp8 0.113 -> 0.083 warp-instructions
+# per byte (no byte-wise LDS.U8 for the p.v operand), 243 -> 167 registers. Fully channel-major [H, S]
+# codes timed slower on the H200 (fp8 179 vs 171 us, decode_s7_value_t.json); 64-token tiles faster:
+# 158 us, 149 with 4 warps, vs 172 (decode_s7_value_t_tiled.json); int8 180 / 168 vs 182
+# (decode_s7_value_t_int8.json). Token-major (value_tile=0) variants keep the old layout in the sweep.
+TILED = (dict(num_warps=2), dict(num_warps=8), dict(value_tile=128), dict(num_stages=4), dict(prefetch=0))
+TOKEN_MAJOR = (dict(value_tile=0), dict(value_tile=0, num_warps=4), dict(value_tile=0, num_warps=4, block=32))
+VARIANTS = {"fp8_e4m3": TILED + TOKEN_MAJOR, "int8": TILED + TOKEN_MAJOR + (dict(narrow_pv=True),),
             "int4": (dict(num_warps=2), dict(packed_unpack=False)),
             "kivi2": (dict(num_warps=4), dict(packed_unpack=False)),
             "kivi2_g128": (dict(packed_unpack=False),),
             "kivi4": (dict(num_warps=4), dict(packed_unpack=False))}
 # ^ kernel options checked (--check) and swept (--sweep) beside the defaults. Session 3's
 # variants (narrow dots, joined values, tile loop) are measured and settled: decode_parts/decode_s3.json
+
+
+def split_layout(opts):
+  """(cache relayout, kernel options) of a variant: `value_tile` re-lays the cache's value codes
+  (`kvjax.cache.with_value_tile`); the other entries are `ops.decode_attention` options."""
+  opts = dict(opts or {})
+  if "value_tile" not in opts:
+    return (lambda c: c), opts
+  tile = opts.pop("value_tile")
+  return (lambda c: cache_lib.with_value_tile(c, tile)), opts
 
 
 def opts_name(f, o):
@@ -84,7 +96,7 @@ def _check_one(tb, f, opts, quick=False, shape=SHAPES["llama3_8b"]):
   cases = [(L, t, 4, 2) for L in tb.LENGTHS.values() for t in (1, 3)] + [([5, 200], 1, 8, 1)]
   if quick:  # 2 kernel shapes: the ragged batch (0, 1, windows empty/partial/full) with T = 3
     cases = [(tb.LENGTHS["ragged"], 3, 4, 2)]
-  layout = (lambda c: ops.transpose_values(c, opts.get("block"))) if opts.get("value_t") else (lambda c: c)
+  layout, opts = split_layout(opts)
   for L, t, rep, kh in cases:
     q, c = tb.make_case(f, L, num_queries=t, rep=rep, num_kv_heads=kh, seed=len(L) + t)
     ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)

@@ -19,6 +19,13 @@ quantization of a token does not depend on when it happens), and the ring
 keeps the last R in full precision: eviction is free. Because ``Lq % R == 0``
 both residuals line up with ``t % R``, so ``materialize`` tiles them.
 
+Value-code layout: FP8 / INT8 value codes may be stored channel-major within
+tiles of T tokens (``QArray.tile``; `init_cache`'s ``value_tile``, default
+`default_value_tile`: 64 on GPU). The array keeps its ``[B, K, S, H]`` shape;
+each tile's bytes are its ``[H, T]`` transpose, which the GPU decode kernel
+reads faster (adjacent token pairs for p.v). Appends store a token's H codes
+at stride T (`RowWrite.tile`); `materialize` undoes the transpose.
+
 Capacity: appending beyond S is an error when lengths are concrete; under jit
 (where Python cannot raise) tokens beyond capacity are dropped, lengths stop
 at S and stored tokens are never overwritten. `append(..., checked=True)`
@@ -28,6 +35,7 @@ adds a `checkify` check instead, for `checkify.checkify`-wrapped callers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -38,11 +46,18 @@ from jax.experimental import checkify
 from jaxtyping import Array, Float, Int
 
 from kvjax import quant
-from kvjax.formats import FP8Spec, KIVISpec, KVFormat, Passthrough, QuantSpec
+from kvjax.formats import FP8Spec, IntSpec, KIVISpec, KVFormat, Passthrough, QuantSpec
 from kvjax.quant import QArray
 
 __all__ = ["KVCache", "RowWrite", "KeyFlush", "init_cache", "append", "scatter_writes", "flush_rows", "prefill",
-           "materialize", "stack", "unstack", "static_scale_shape"]
+           "materialize", "stack", "unstack", "static_scale_shape", "default_value_tile", "with_value_tile",
+           "VALUE_TILE"]
+
+# Tokens per tile of the tiled value layout `init_cache` picks on GPU: the Pallas decode kernel's
+# block (pallas_kernels.gpu.ops.QUANT_BLOCK). H200, B=8, 32k, Llama-3-8B heads (session 7/8,
+# benchmarks/results/decode_parts/decode_s7_value_t_tiled.json, decode_s7_value_t_int8.json):
+# fp8 e4m3 172 -> 149 us, int8 182 -> 168 us against token-major codes (with 4 warps).
+VALUE_TILE = 64
 
 
 @struct.dataclass
@@ -104,6 +119,43 @@ def static_scale_shape(spec: QuantSpec, num_kv_heads: int, head_dim: int) -> tup
           "channel": (1, num_kv_heads, 1, head_dim)}[spec.granularity]
 
 
+def _tileable(spec: QuantSpec) -> bool:
+  """Values whose codes are one byte per element and per-token or static scaled: FP8, INT8."""
+  return isinstance(spec, FP8Spec) or (isinstance(spec, IntSpec) and spec.bits == 8)
+
+
+def default_value_tile(fmt: KVFormat, capacity: int, backend: str | None = None) -> int:
+  """The value layout `init_cache` picks: `VALUE_TILE`-token tiles for FP8 / INT8 values on GPU
+  (whose kernel reads them faster) when `capacity` is a multiple of it; else 0 (token-major:
+  what the TPU kernel and other backends read). `backend`: default `jax.default_backend()`."""
+  backend = jax.default_backend() if backend is None else backend
+  if backend == "gpu" and _tileable(fmt.value) and capacity % VALUE_TILE == 0:
+    return VALUE_TILE
+  return 0
+
+
+def _check_value_tile(fmt: KVFormat, capacity: int, tile) -> None:
+  if not isinstance(tile, (int, np.integer)) or tile < 0:
+    raise ValueError(f"value_tile must be a non-negative int (0: token-major), got {tile!r}")
+  if tile and not _tileable(fmt.value):
+    raise ValueError(f"value_tile={tile} needs FP8 or INT8 values (one byte per code); format "
+                     f"{fmt.name!r} stores values as {fmt.value}")
+  if tile and capacity % tile:
+    raise ValueError(f"value_tile ({tile}) must divide the capacity ({capacity})")
+
+
+def with_value_tile(cache: "KVCache", tile: int) -> "KVCache":
+  """`cache` with its value codes re-laid out in tiles of `tile` tokens (0: token-major); same
+  attention. For caches saved in one layout and read by a kernel that wants another."""
+  _check_value_tile(cache.fmt, cache.capacity, tile)
+  v = cache.v
+  if v.tile == tile:
+    return cache
+  codes = quant.untile_tokens(v.codes, v.tile) if v.tile else v.codes
+  codes = quant.tile_tokens(codes, tile) if tile else codes
+  return cache.replace(v=v.replace(codes=codes, tile=int(tile)))
+
+
 def _empty_qarray(spec: QuantSpec, batch: int, heads: int, capacity: int, head_dim: int,
                   static_scale: Array | None, block: int) -> QArray:
   """All-zero storage with the shapes `quant.quantize` produces."""
@@ -122,7 +174,7 @@ def _empty_qarray(spec: QuantSpec, batch: int, heads: int, capacity: int, head_d
 
 def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head_dim: int, *,
                scales: tuple[Array | None, Array | None] | None = None,
-               num_layers: int | None = None) -> KVCache:
+               num_layers: int | None = None, value_tile: int | None = None) -> KVCache:
   """An empty cache.
 
   Args:
@@ -132,6 +184,8 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
       with a leading layer axis when `num_layers` is set), shaped as
       `static_scale_shape`; unit scales when None.
     num_layers: when set, returns a stacked cache for scan-over-layers.
+    value_tile: layout of FP8 / INT8 value codes (see the module docstring): 0 token-major, T > 0
+      tiles of T tokens; None: `default_value_tile` (VALUE_TILE on GPU).
   """
   for name, val in (("batch", batch), ("num_kv_heads", num_kv_heads), ("capacity", capacity),
                     ("head_dim", head_dim)):
@@ -144,10 +198,13 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
   if r and capacity % r:
     raise ValueError(f"capacity ({capacity}) must be a multiple of the residual length R ({r}) "
                      f"for {fmt.name!r}")
+  value_tile = default_value_tile(fmt, capacity) if value_tile is None else value_tile
+  _check_value_tile(fmt, capacity, value_tile)
   if num_layers is not None:
     ks, vs = scales if scales is not None else (None, None)
     layers = [init_cache(fmt, batch, num_kv_heads, capacity, head_dim,
-                         scales=(None if ks is None else ks[i], None if vs is None else vs[i]))
+                         scales=(None if ks is None else ks[i], None if vs is None else vs[i]),
+                         value_tile=value_tile)
               for i in range(num_layers)]
     return stack(layers)
   ks, vs = scales if scales is not None else (None, None)
@@ -160,6 +217,7 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
           if fmt.sink else None)
   if fmt.sink > capacity:
     raise ValueError(f"sink ({fmt.sink}) must be <= capacity ({capacity})")
+  v = v.replace(tile=int(value_tile))
   return KVCache(k=k, v=v, k_res=res(), v_res=res(), lengths=jnp.zeros((batch,), jnp.int32), fmt=fmt,
                  k_sink=sink(), v_sink=sink())
 
@@ -194,18 +252,29 @@ def _scatter_tokens(dst: Array, new: Array, pos: Array) -> Array:
   return jax.vmap(one)(dst, new, pos)
 
 
+def _scatter_tiled(dst: Array, new: Array, pos: Array, tile: int) -> Array:
+  """`_scatter_tokens` into dst [B, K, S', X] stored in tiles of `tile` tokens (`RowWrite.tile`)."""
+  b, k, s, x = dst.shape
+  def one(d, v, p):  # d [K, S'/T, X, T], v [K, n, X], p [n]; p >= S' -> block index out of range
+    return d.at[:, p // tile, :, p % tile].set(jnp.swapaxes(v, 0, 1).astype(d.dtype), mode="drop")
+  return jax.vmap(one)(dst.reshape(b, k, s // tile, x, tile), new, pos).reshape(dst.shape)
+
+
 @dataclasses.dataclass(frozen=True)
 class RowWrite:
   """One append's store into a cache leaf: `new` ``[B, K, n, X...]`` at token rows `pos` ``[B, n]``
   of the leaf viewed as ``[B, K, S', X...]`` (`view`); rows outside ``[0, S')`` are dropped.
 
   `leaf` names the cache leaf ("k.codes", "v.scale", "k.zero", "v_res", "k_sink", ...).
+  `tile` > 0: the leaf is stored in tiles of `tile` tokens (`QArray.tile`): token p's X elements
+  go to column ``p % tile`` of tile ``p // tile``, viewed ``[B, K, S' / tile, X, tile]``.
   """
 
   leaf: str
   view: tuple[int, ...]
   new: Array
   pos: Array
+  tile: int = 0
 
 
 def get_leaf(cache: "KVCache", name: str) -> Array:
@@ -232,7 +301,8 @@ def scatter_writes(cache: "KVCache", writes: Sequence["RowWrite | KeyFlush"]) ->
   out = {}
   for w in writes:
     leaf = out.get(w.leaf, get_leaf(cache, w.leaf))
-    out[w.leaf] = _scatter_tokens(leaf.reshape(w.view), w.new, w.pos).reshape(leaf.shape)
+    scatter = functools.partial(_scatter_tiled, tile=w.tile) if w.tile else _scatter_tokens
+    out[w.leaf] = scatter(leaf.reshape(w.view), w.new, w.pos).reshape(leaf.shape)
   return set_leaves(cache, out)
 
 
@@ -241,7 +311,8 @@ def _write_per_token(old: QArray, new: QArray, pos: Array, role: str) -> list[Ro
   names = ["codes"]
   if not (old.scale is None or (isinstance(old.spec, FP8Spec) and old.spec.static)):
     names += ["scale"] + ([] if old.zero is None else ["zero"])
-  return [RowWrite(f"{role}.{n}", getattr(old, n).shape, getattr(new, n), pos) for n in names]
+  return [RowWrite(f"{role}.{n}", getattr(old, n).shape, getattr(new, n), pos,
+                   tile=old.tile if n == "codes" else 0) for n in names]
 
 
 def _without_sinks(blocks: Array, first: Array, sink: int) -> Array:

@@ -22,7 +22,7 @@ from kvjax import packing
 from kvjax.formats import FP8_DTYPES, FP8Spec, IntSpec, KIVISpec, Passthrough, QuantSpec
 
 __all__ = ["QArray", "quantize", "dequantize", "compute_scale", "round_up", "round_down", "step_for",
-           "div_round"]
+           "div_round", "tile_tokens", "untile_tokens"]
 
 
 @struct.dataclass
@@ -38,6 +38,11 @@ class QArray:
     zero: KIVI group minimum, same shape as `scale`; None otherwise.
     spec: the static `QuantSpec`.
     block: static planar packing block along the packed axis.
+    tile: static token tile of the codes' layout (8-bit per-token codes only). 0: token-major
+      (``codes[..., t, :]`` holds token t). T > 0: channel-major within tiles of T tokens: the
+      bytes of ``codes[..., i*T:(i+1)*T, :]`` are the ``[H, T]`` transpose of those tokens' codes
+      (`tile_tokens`), so a decode kernel's p.v operand has adjacent token pairs. The array shape
+      stays ``[..., S, H]``; `unpacked_codes` / `dequantize` undo the transpose.
   """
 
   codes: Array
@@ -45,6 +50,7 @@ class QArray:
   zero: Array | None
   spec: Any = struct.field(pytree_node=False)
   block: int = struct.field(pytree_node=False, default=0)
+  tile: int = struct.field(pytree_node=False, default=0)
 
   @property
   def packed_axis(self) -> int | None:
@@ -216,8 +222,31 @@ def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None
                 spec=spec, block=blk)
 
 
+def _check_tile(x: Array, tile: int) -> None:
+  if x.ndim < 2 or tile < 1 or x.shape[-2] % tile:
+    raise ValueError(f"tile ({tile}) must be a positive divisor of the token axis of [..., S, H], "
+                     f"got shape {x.shape}")
+
+
+def tile_tokens(x: Float[Array, "... S H"], tile: int) -> Array:
+  """``[..., S, H]`` token-major -> the same shape holding each T-token tile's ``[H, T]`` transpose."""
+  _check_tile(x, tile)
+  *lead, s, h = x.shape
+  t = jnp.swapaxes(x.reshape(*lead, s // tile, tile, h), -1, -2)
+  return t.reshape(x.shape)
+
+
+def untile_tokens(x: Array, tile: int) -> Array:
+  """Inverse of `tile_tokens`."""
+  _check_tile(x, tile)
+  *lead, s, h = x.shape
+  return jnp.swapaxes(x.reshape(*lead, s // tile, h, tile), -1, -2).reshape(x.shape)
+
+
 def unpacked_codes(q: QArray) -> Array:
-  """Integer codes with the packing undone (int4 bias removed)."""
+  """Integer codes with the packing (and any token tiling) undone (int4 bias removed)."""
+  if q.tile:
+    return untile_tokens(q.codes, q.tile)
   spec = q.spec
   if isinstance(spec, IntSpec) and spec.bits == 4:
     return packing.unpack(q.codes, 4, axis=-1, block=q.block).astype(jnp.int32) - 8

@@ -19,6 +19,8 @@ from kvjax import attention, cache as cache_lib, formats
 ALL_FORMATS = ("bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_static", "int8", "int4", "kivi4", "kivi2",
                "kivi2_g128")
 
+TILEABLE_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp8_e4m3_static", "int8")  # 8-bit value codes
+
 # capacity 384 = 3 KIVI residual blocks of 128.
 CAPACITY = 384
 LENGTHS = {
@@ -39,8 +41,9 @@ def outlier_kv(key, shape, outlier_channels=4, outlier_scale=20.0):
 
 
 def make_case(fmt_name: str, lengths, *, num_kv_heads=2, rep=4, head_dim=128, num_queries=1,
-              capacity=CAPACITY, seed=0, scales=None):
-  """Returns (q [B, N, T, H], cache) with random contents filled to `lengths`."""
+              capacity=CAPACITY, seed=0, scales=None, value_tile=None):
+  """Returns (q [B, N, T, H], cache) with random contents filled to `lengths` (`value_tile`: the
+  value layout, as `init_cache`; None = the backend's default)."""
   fmt = formats.preset(fmt_name)
   b = len(lengths)
   key = jax.random.PRNGKey(seed)
@@ -51,7 +54,8 @@ def make_case(fmt_name: str, lengths, *, num_kv_heads=2, rep=4, head_dim=128, nu
     k1, k2 = jax.random.split(ks)
     scales = tuple(None if sh is None else jax.random.uniform(kk_, sh, minval=0.02, maxval=0.1)
                    for kk_, sh in ((k1, ksh), (k2, vsh)))
-  cache = cache_lib.init_cache(fmt, b, num_kv_heads, capacity, head_dim, scales=scales)
+  cache = cache_lib.init_cache(fmt, b, num_kv_heads, capacity, head_dim, scales=scales,
+                               value_tile=value_tile)
   k = outlier_kv(kk, (b, num_kv_heads, capacity, head_dim))
   v = jax.random.normal(kv, (b, num_kv_heads, capacity, head_dim), jnp.float32)
   # Prefill part, then append the rest token by token for some sequences, so
@@ -81,15 +85,17 @@ class DecodeAttentionTestBase:
   FORMATS = ALL_FORMATS
   RTOL = 1e-2  # relative L2 error at bf16 level
   NUM_QUERIES = (1, 3)
+  VALUE_TILES = (0, 64)  # value layouts (`init_cache(value_tile=)`) the backend reads
 
   def attention(self, q, cache, **options):
     raise NotImplementedError
 
-  def _check(self, fmt_name, lengths, num_queries=1, rep=4, num_kv_heads=2, **options):
+  def _check(self, fmt_name, lengths, num_queries=1, rep=4, num_kv_heads=2, value_tile=None,
+             **options):
     if fmt_name not in self.FORMATS:
       pytest.skip(f"{fmt_name} not supported by this backend")
     q, cache = make_case(fmt_name, lengths, num_queries=num_queries, rep=rep,
-                         num_kv_heads=num_kv_heads)
+                         num_kv_heads=num_kv_heads, value_tile=value_tile)
     ref = attention.decode_attention(q.astype(jnp.float32), cache, **options)
     out = self.attention(q, cache, **options)
     assert out.shape == q.shape, (out.shape, q.shape)
@@ -120,6 +126,15 @@ class DecodeAttentionTestBase:
     # the residual window, and T = 3 queries whose windows differ.
     for t, w in ((1, 130), (3, 37)):
       self._check(fmt_name, LENGTHS["ragged"], num_queries=t, window=w)
+
+  @pytest.mark.parametrize("value_tile", [0, 64])
+  @pytest.mark.parametrize("fmt_name", TILEABLE_FORMATS)
+  def test_value_layouts(self, fmt_name, value_tile):
+    # Both value-code layouts (`QArray.tile`) whatever the backend's default; lengths at and
+    # around tile edges, ragged, several queries.
+    if value_tile not in self.VALUE_TILES:
+      pytest.skip(f"value_tile={value_tile} not read by this backend")
+    self._check(fmt_name, [0, 1, 63, 64, 65, 200, CAPACITY], num_queries=3, value_tile=value_tile)
 
   @pytest.mark.parametrize("rep,num_kv_heads", [(1, 2), (8, 1)])
   def test_gqa_shapes(self, rep, num_kv_heads):

@@ -243,3 +243,44 @@ def test_sink_tokens_do_not_widen_kivi_key_groups():
   err = np.abs(np.asarray(kh[:, :, 2:32]) - np.asarray(k[:, :, 2:32].astype(jnp.bfloat16), np.float32))
   span = np.ptp(np.asarray(k[:, :, 2:32], np.float32), axis=2, keepdims=True)
   assert (err <= span / 3 * 0.51 + 1e-2).all()  # half a 2-bit step of the group's own range
+
+
+# ---- value-code layout (QArray.tile: the GPU default for FP8 / INT8 values) -------------------
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e4m3_static", "int8"])
+def test_tiled_values_hold_the_same_cache(name):
+  """Tiled value codes: appends (prefill, ragged chunks, decode steps under jit, tokens dropped at
+  capacity) give bit-identical attention inputs, and the codes are the tiles' transposes."""
+  from kvjax import cache as cache_lib, quant
+  fmt = formats.preset(name)
+  scales = ((jnp.full((1, 2, 1, 32), 0.05), jnp.full((1, 2, 1, 1), 0.07)) if fmt.has_static_scales
+            else None)  # static: per-channel keys, per-head values
+  caches = [init_cache(fmt, 3, 2, 64, 32, scales=scales, value_tile=t) for t in (0, 16)]
+  assert [c.v.tile for c in caches] == [0, 16] and caches[1].v.codes.shape == caches[0].v.codes.shape
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 2, 40, 32))
+  caches = [append(c, x, -x, jnp.asarray([40, 3, 0])) for c in caches]
+  step = jax.jit(append)
+  for t in range(30):  # the first sequence reaches capacity (64) and then drops under jit
+    caches = [step(c, x[:, :, t:t + 1] * 2, x[:, :, t + 1:t + 2]) for c in caches]
+  np.testing.assert_array_equal(np.asarray(caches[1].lengths), [64, 33, 30])
+  for a, b in zip(materialize(caches[0]), materialize(caches[1])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  token_major, tiled = (np.asarray(c.v.codes.astype(jnp.float32)) for c in caches)
+  np.testing.assert_array_equal(np.asarray(quant.tile_tokens(token_major, 16)), tiled)
+  relaid = cache_lib.with_value_tile(caches[0], 16)
+  assert relaid.v.tile == 16
+  np.testing.assert_array_equal(np.asarray(relaid.v.codes.astype(jnp.float32)), tiled)
+  back = cache_lib.with_value_tile(relaid, 0)
+  np.testing.assert_array_equal(np.asarray(back.v.codes.astype(jnp.float32)), token_major)
+
+
+def test_tiled_values_stack_and_scan():
+  from kvjax import quant
+  c = init_cache(formats.int8(), 2, 2, 32, 16, num_layers=3, value_tile=32)
+  assert c.v.tile == 32 and c.v.codes.shape == (3, 2, 2, 32, 16)
+  x = jax.random.normal(jax.random.PRNGKey(1), (3, 2, 2, 5, 16))
+  c = append(c, x, x)
+  k, v = materialize(c)
+  np.testing.assert_allclose(np.asarray(v[:, :, :, :5]), np.asarray(x), rtol=0.01, atol=0.02)
+  with pytest.raises(ValueError, match=r"tile \(5\) must be a positive divisor of the token axis"):
+    quant.tile_tokens(jnp.zeros((4, 8)), 5)

@@ -54,7 +54,8 @@ def _assert_same_bits(want, got):
     np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
 
 
-@pytest.mark.parametrize("fmt_name", list(test_base.ALL_FORMATS) + ["kivi2_sink4"])
+@pytest.mark.parametrize("fmt_name", list(test_base.ALL_FORMATS) + ["kivi2_sink4", "fp8_e4m3+tile64",
+                                                                   "int8+tile32"])
 def test_pallas_append_equals_xla_append(fmt_name):
   """One-kernel row writer == XLA scatters, bit for bit: T = 1 over empty, full-window (KIVI flush
   at 127 -> 128) and near-capacity sequences, then T = 3 with ragged num_new (0..3), twice."""
@@ -62,8 +63,10 @@ def test_pallas_append_equals_xla_append(fmt_name):
     c = cache_lib.init_cache(formats.kivi(2, 32, 128, sink=4), 5, 2, 256, 128)
     x = jax.random.normal(jax.random.PRNGKey(0), (5, 2, 256, 128))
     c = cache_lib.append(c, x, -x, jnp.asarray([0, 1, 127, 128, 254]))
-  else:
-    _, c = test_base.make_case(fmt_name, [0, 1, 127, 128, 254], capacity=256)
+  else:  # "+tileT": value codes stored in tiles of T tokens (`RowWrite.tile` columns)
+    name, _, tile = fmt_name.partition("+tile")
+    _, c = test_base.make_case(name, [0, 1, 127, 128, 254], capacity=256, value_tile=int(tile or 0))
+    assert c.v.tile == int(tile or 0)
   k = jax.random.normal(jax.random.PRNGKey(1), (5, 2, 1, 128)) * 3
   _assert_same_bits(cache_lib.append(c, k, -k), write.append(c, k, -k, interpret=INTERPRET))
   k3 = jax.random.normal(jax.random.PRNGKey(2), (5, 2, 3, 128))
@@ -183,41 +186,60 @@ def test_two_term_split_is_bf16_accurate(dtype):
   assert float(jnp.abs(y[3]).max()) == 0.0
 
 
-VALUE_T_CASES = [("fp8_e4m3", {}), ("fp8_e5m2", {"block": 128}), ("int8", {}),
-                 ("int8", {"narrow_pv": True}), ("fp8_e4m3", {"narrow_pv": True, "num_splits": 3})]
+TILED_CASES = [("fp8_e5m2", 128, {}), ("int8", 64, {"narrow_pv": True}), ("int8", 32, {"narrow_qk": False}),
+               ("fp8_e4m3", 64, {"narrow_pv": True, "num_splits": 3}), ("fp8_e4m3", 64, {"window": 70})]
 
 
-@pytest.mark.parametrize("fmt_name,opts", VALUE_T_CASES,
-                         ids=[f + "".join(f"+{k}" for k in o) for f, o in VALUE_T_CASES])
-def test_channel_major_values_match_reference(fmt_name, opts):
-  """value_t=True reads value codes transposed per block (`transpose_values`): same attention."""
-  q, c = test_base.make_case(fmt_name, [0, 1, 63, 64, 200, test_base.CAPACITY], num_queries=3)
-  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
-  blk = opts.get("block", ops.QUANT_BLOCK)
-  ct = ops.transpose_values(c, blk)
+@pytest.mark.parametrize("fmt_name,tile,opts", TILED_CASES,
+                         ids=[f"{f}+tile{t}" + "".join(f"+{k}" for k in o) for f, t, o in TILED_CASES])
+def test_tiled_values_match_reference(fmt_name, tile, opts):
+  """Value codes in tiles (`QArray.tile`; the shared base runs tile 64 with the defaults): other
+  tiles and the kernel options that touch the p.v operand, against the token-major reference."""
+  q, c = test_base.make_case(fmt_name, [0, 1, 63, 64, 200, test_base.CAPACITY], num_queries=3,
+                             value_tile=tile)
+  _, c0 = test_base.make_case(fmt_name, [0, 1, 63, 64, 200, test_base.CAPACITY], num_queries=3,
+                              value_tile=0)
   b, kh, s, h = c.v.codes.shape
-  assert ct.v.codes.shape == (b, kh, s // blk * h, blk)
-  np.testing.assert_array_equal(np.asarray(ct.v.codes[1, 0, h:2 * h, 3]), np.asarray(c.v.codes[1, 0, blk + 3]))
-  out = np.asarray(ops.decode_attention(q, ct, interpret=INTERPRET, value_t=True, **opts), np.float32)
+  # token 3 of tile 1: channel j at flat byte j * tile + 3 of that tile
+  tile1 = np.asarray(c.v.codes[1, 0, tile:2 * tile]).reshape(-1)
+  np.testing.assert_array_equal(tile1[3::tile], np.asarray(c0.v.codes[1, 0, tile + 3]))
+  window = opts.get("window")
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c0, window=window), np.float32)
+  plan = ops.plan_for(c, 3, 12, **{k: v for k, v in opts.items() if k != "window"}, window=window)
+  assert plan.value_t and plan.block == tile and ops.default_warps(plan) == ops.TILED_WARPS
+  out = np.asarray(ops.decode_attention(q, c, interpret=INTERPRET, **opts), np.float32)
   assert np.abs(out[0]).max() == 0.0
   assert test_base.relative_error(out[1][:, 2:], ref[1][:, 2:]) < 1e-2
   assert test_base.relative_error(out[2:], ref[2:]) < 1e-2
 
 
-def test_channel_major_values_checked():
-  q, c = test_base.make_case("fp8_e4m3", [5, 9])
-  with pytest.raises(ValueError, match=r"value_t=True reads value codes transposed in blocks of 64"):
-    ops.decode_attention(q, c, interpret=INTERPRET, value_t=True)  # not transposed
-  with pytest.raises(ValueError, match=r"block must divide the cache capacity 384, got 100"):
-    ops.transpose_values(c, 100)
-  with pytest.raises(ValueError, match=r"token-major 8-bit value codes"):
-    ops.transpose_values(ops.transpose_values(c))
-  with pytest.raises(ValueError, match=r"in blocks of 128"):
-    ops.decode_attention(q, ops.transpose_values(c, 64), interpret=INTERPRET, value_t=True, block=128)
+def test_value_tile_checked():
+  q, c = test_base.make_case("fp8_e4m3", [5, 9], value_tile=64)
+  with pytest.raises(ValueError, match=r"block must equal the cache's value tile \(64 tokens"):
+    ops.decode_attention(q, c, interpret=INTERPRET, block=128)
+  with pytest.raises(ValueError, match=r"value_tile \(100\) must divide the capacity \(384\)"):
+    cache_lib.init_cache(formats.fp8(), 2, 2, 384, 128, value_tile=100)
+  with pytest.raises(ValueError, match=r"value_tile must be a non-negative int"):
+    cache_lib.init_cache(formats.int8(), 2, 2, 384, 128, value_tile=-64)
   for name in ("int4", "bf16", "kivi2"):
-    q, c = test_base.make_case(name, [5])
-    with pytest.raises(NotImplementedError):
-      ops.plan_for(c, 1, 4, value_t=True)
+    with pytest.raises(ValueError, match=r"value_tile=64 needs FP8 or INT8 values"):
+      cache_lib.init_cache(formats.preset(name), 2, 2, 384, 128, value_tile=64)
+  # a tile the kernel cannot read (not a power of two >= 16): declined, dispatch falls back
+  q, c = test_base.make_case("int8", [5, 9], value_tile=48)
+  with pytest.raises(NotImplementedError, match="tiles of 48 tokens"):
+    ops.plan_for(c, 1, 4)
+
+
+def test_default_value_tile_follows_backend():
+  for name, want in (("fp8_e4m3", 64), ("int8", 64), ("fp8_e4m3_static", 64), ("int4", 0),
+                     ("kivi2", 0), ("bf16", 0)):
+    fmt = formats.preset(name)
+    assert cache_lib.default_value_tile(fmt, 384, backend="gpu") == want, name
+    assert cache_lib.default_value_tile(fmt, 384, backend="tpu") == 0
+    assert cache_lib.default_value_tile(fmt, 384, backend="cpu") == 0
+  assert cache_lib.default_value_tile(formats.fp8(), 200, backend="gpu") == 0  # 200 % 64
+  c = cache_lib.init_cache(formats.fp8(), 1, 1, 128, 32)
+  assert c.v.tile == cache_lib.default_value_tile(formats.fp8(), 128)
 
 
 # The shared base runs the defaults (tile_loop on, join_values off); these are the others.

@@ -26,12 +26,18 @@ VARIANTS = [(f, {}) for f in test_base.ALL_FORMATS] + [
     ("fp8_e4m3", {"prefetch": 1}), ("int4", {"prefetch": 2}), ("kivi2", {"prefetch": 1}),
     ("kivi4", {"prefetch": 2}),
     ("int4", {"packed_unpack": False}), ("kivi2", {"packed_unpack": False}), ("kivi4", {"packed_unpack": False}),
+    # value codes in tiles (`init_cache(value_tile=)`, the GPU default; the others here are token-major)
+    ("fp8_e4m3", {"value_tile": 64}), ("int8", {"value_tile": 64}),
+    ("int8", {"value_tile": 64, "narrow_pv": True}), ("fp8_e5m2", {"value_tile": 128}),
 ]
 
 
 @pytest.mark.parametrize("fmt_name,opts", VARIANTS, ids=[f + "".join(f"+{k}" for k in o) for f, o in VARIANTS])
 def test_lowers_to_triton(fmt_name, opts):
-  q, c = test_base.make_case(fmt_name, [300, 5], num_kv_heads=2, rep=4, num_queries=1)
+  opts = dict(opts)
+  tile = opts.pop("value_tile", 0)
+  q, c = test_base.make_case(fmt_name, [300, 5], num_kv_heads=2, rep=4, num_queries=1,
+                             value_tile=tile)
   modules = lowering_check.lower(q, c, **opts)
   assert len(modules) == 1
   ir = modules[0]
@@ -47,6 +53,7 @@ def test_lowers_to_triton(fmt_name, opts):
   assert plan.packed_unpack == (fmt_name.startswith(("kivi", "int4")) and opts.get("packed_unpack", True))
   if plan.packed_unpack:
     assert "packed_element = 4" in ir
+  assert getattr(plan, "value_t", False) == bool(tile)
   if fmt_name.startswith("kivi"):
     # The looped program is much smaller than the unrolled one (and compiles faster).
     limit = (130_000 + 40_000 * plan.prefetch) if plan.tile_loop else 400_000
@@ -78,7 +85,7 @@ def test_prefetched_scales_are_loop_carried_unconverted(fmt_name):
     assert results.count(carried) == want, (distance, results)
 
 
-APPEND_FORMATS = ["fp8_e4m3", "int4", "kivi2", "kivi4", "kivi2_g128", "kivi2_sink4"]
+APPEND_FORMATS = ["fp8_e4m3", "int4", "kivi2", "kivi4", "kivi2_g128", "kivi2_sink4", "int8+tile64"]
 
 
 @pytest.mark.parametrize("fmt_name", APPEND_FORMATS)
@@ -88,8 +95,9 @@ def test_append_lowers_to_one_triton_kernel(fmt_name, num_new):
   import jax
   import jax.numpy as jnp
   from kvjax import cache as cache_lib, formats
-  fmt = formats.kivi(2, 32, 128, sink=4) if fmt_name == "kivi2_sink4" else formats.preset(fmt_name)
-  c = cache_lib.init_cache(fmt, 2, 2, 512, 128)
+  name, _, tile = fmt_name.partition("+tile")
+  fmt = formats.kivi(2, 32, 128, sink=4) if name == "kivi2_sink4" else formats.preset(name)
+  c = cache_lib.init_cache(fmt, 2, 2, 512, 128, value_tile=int(tile or 0))
   k = jnp.zeros((2, 2, num_new, 128), jnp.bfloat16)
   n = jnp.asarray([num_new, 0], jnp.int32)
   from pallas_kernels.gpu import write

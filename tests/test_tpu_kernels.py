@@ -41,23 +41,24 @@ def _run(q, cache, interpret=INTERPRET, **options):
 
 
 @functools.lru_cache(maxsize=None)
-def _case(fmt_name, lengths):
-  return test_base.make_case(fmt_name, list(lengths))
+def _case(fmt_name, lengths, value_tile=0):
+  return test_base.make_case(fmt_name, list(lengths), value_tile=value_tile)
 
 
 class TestTPUKernelInterpret(DecodeAttentionTestBase):
   """The shared test base, run through the TPU kernel in interpret mode."""
 
   NUM_QUERIES = (3,)
+  VALUE_TILES = (0,)  # the GPU's tiled value layout is declined (test_tiled_values_declined)
 
   def attention(self, q, cache, **options):
     return _run(q, cache, **options)
 
-  def _check(self, fmt_name, lengths, num_queries=1, rep=4, num_kv_heads=2, **options):
+  def _check(self, fmt_name, lengths, num_queries=1, rep=4, num_kv_heads=2, value_tile=0, **options):
     # The base's checks, with caches built once per (format, lengths) and shared across tests:
     # building KIVI caches token by token is the slow part on CPU. GQA shapes and several
     # query tokens only change q, so they reuse the cache with a fresh q.
-    q0, cache = _case(fmt_name, tuple(lengths))
+    q0, cache = _case(fmt_name, tuple(lengths), value_tile)
     assert num_kv_heads == cache.num_kv_heads
     if (num_queries, rep) != (1, 4):
       shape = (len(lengths), num_kv_heads * rep, num_queries, cache.head_dim)
@@ -163,14 +164,15 @@ def test_lowers_for_tpu_chip(fmt_name, device_kind):
 
 # ---- fallback ---------------------------------------------------------------------------
 
-def _small(fmt, head_dim=128, capacity=256, num_layers=None):
-  cache = cache_lib.init_cache(fmt, 2, 2, capacity, head_dim, num_layers=num_layers)
+def _small(fmt, head_dim=128, capacity=256, num_layers=None, value_tile=0):
+  cache = cache_lib.init_cache(fmt, 2, 2, capacity, head_dim, num_layers=num_layers,
+                               value_tile=value_tile)
   q = jnp.ones((2, 4, 1, head_dim), jnp.bfloat16)
   return q, cache
 
 
 @pytest.mark.parametrize("what", ["head_dim_64", "float16_residual", "stacked", "capacity_200",
-                                  "mixed_families"])
+                                  "mixed_families", "tiled_values"])
 def test_declines_with_reason(what):
   if what == "head_dim_64":
     q, cache = _small(formats.int8(), head_dim=64)
@@ -182,6 +184,8 @@ def test_declines_with_reason(what):
     q, cache = _small(formats.int8(), num_layers=2)
   elif what == "capacity_200":
     q, cache = _small(formats.int8(), capacity=200)
+  elif what == "tiled_values":  # the GPU's default value layout
+    q, cache = _small(formats.fp8(), value_tile=64)
   else:
     q, cache = _small(formats.KVFormat(name="mix", key=formats.IntSpec(bits=8),
                                        value=formats.IntSpec(bits=4)))

@@ -113,7 +113,7 @@ class FlatPlan:
   narrow_pv: bool = False  # p . v likewise (two-term p * scale)
   prefetch: int = 0  # per-token scales loaded this many blocks ahead (carried through the loop)
   packed_unpack: bool = False  # INT4 nibbles unpacked 4 bytes at a time by inline PTX (GPU only)
-  value_t: bool = False  # value codes [H, block] per block (ops.transpose_values): k-pairs adjacent
+  value_t: bool = False  # value codes in tiles of `block` tokens ([H, block] each, QArray.tile): k-pairs adjacent
 
 
 def _two_term(x, dtype):

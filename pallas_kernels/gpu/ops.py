@@ -18,8 +18,7 @@ from kvjax.cache import KVCache
 from kvjax.formats import FP8Spec, IntSpec, Passthrough
 from pallas_kernels.gpu import decode, kivi
 
-__all__ = ["decode_attention", "plan_for", "default_splits", "quant_target", "default_warps",
-           "transpose_values"]
+__all__ = ["decode_attention", "plan_for", "default_splits", "quant_target", "default_warps"]
 
 NUM_SMS = 132  # H200; only steers the split heuristic
 MAX_ROWS = 64
@@ -67,6 +66,10 @@ PACKED_UNPACK = True
 # Confirmed in the second call (decode_s5b.json): fp8 172 us (183 with 4 warps), int8 182 (189),
 # kivi2 356 (365), kivi4 362 (380); int4 with two warps as well 161 -> 155 us.
 FLAT_WARPS = {"f8": 2, "i8": 2, "i4": 2}  # key kind of the per-token kernels -> warps (others: 4)
+# Value codes in tiles (`QArray.tile`, the GPU default layout; sessions 7-8, H200, B=8, 32k,
+# decode_parts/decode_s7_value_t_tiled.json, decode_s7_value_t_int8.json): fp8 e4m3 158 us with
+# two warps, 149 with four; int8 180 / 168. So tiled values take four warps.
+TILED_WARPS = 4
 KIVI_WARPS = {32: 2}  # KIVI key group -> warps (others: 4)
 # The two-warp entries above were measured at head_dim 128. A program's registers per thread grow
 # with head_dim / warps: at head_dim 256 (Gemma-2-2B heads, B=24, 32k; session 6,
@@ -119,7 +122,7 @@ def _narrow_ok(spec):
 
 def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, block=None,
              softcap=None, window=None, narrow_qk=None, narrow_pv=None, join_values=None,
-             tile_loop=None, prefetch=None, packed_unpack=None, value_t=False):
+             tile_loop=None, prefetch=None, packed_unpack=None):
   """The static kernel plan for `cache`, or NotImplementedError.
 
   narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
@@ -129,9 +132,9 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
   (KIVI: tiles, with tile_loop) ahead. packed_unpack: 2/4-bit codes unpacked by inline PTX (GPU
   only). block: tokens per block of the per-token kernels (a power of two dividing the capacity).
   None = the module default (NARROW_QK_KINDS, NARROW_PV, JOIN_VALUES, TILE_LOOP, PREFETCH /
-  KIVI_PREFETCH, QUANT_BLOCK, PACKED_UNPACK: the measured winners). value_t: the value codes are
-  transposed per block (`transpose_values`), so the p.v operand's token pairs are adjacent bytes
-  (H200, B=8, 32k, session 7: fp8 172 -> 158 us, 149 with 4 warps; experimental: no cache writes it).
+  KIVI_PREFETCH, QUANT_BLOCK, PACKED_UNPACK: the measured winners). Value codes stored in tiles
+  (``cache.v.tile``, the GPU default for FP8 / INT8) are read a tile per block: the block is the
+  tile (an explicit different `block` is an error).
   """
   fmt = cache.fmt
   window = None if window is None else int(window)
@@ -140,9 +143,8 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
   b, kh, s, h = cache.batch, cache.num_kv_heads, cache.capacity, cache.head_dim
   if h % 32 or h > 256 or h & (h - 1):
     raise NotImplementedError(f"pallas_gpu: head_dim {h} (needs a power of two in [32, 256])")
+  tile = cache.v.tile
   if fmt.is_kivi:
-    if value_t:
-      raise NotImplementedError(f"pallas_gpu: value_t=True needs FP8 or INT8 values, got {fmt.value}")
     ks, vs = fmt.key, fmt.value
     r = fmt.residual
     if fmt.residual_dtype != "bfloat16":
@@ -169,8 +171,13 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
                                               else prefetch) if loop else 0),
                              "packed_unpack": bool(PACKED_UNPACK if packed_unpack is None else packed_unpack)})
   kk, vk = _kind(fmt.key, "key"), _kind(fmt.value, "value")
-  if value_t and vk not in ("f8", "i8"):
-    raise NotImplementedError(f"pallas_gpu: value_t=True needs FP8 or INT8 values, got {fmt.value}")
+  if tile and (vk not in ("f8", "i8") or tile < 16 or tile & (tile - 1)):
+    raise NotImplementedError(f"pallas_gpu: value codes in tiles of {tile} tokens ({fmt.value}; "
+                              "needs FP8 / INT8 and a power-of-two tile >= 16)")
+  if tile and block not in (None, tile):
+    raise ValueError(f"block must equal the cache's value tile ({tile} tokens: the kernel reads one "
+                     f"tile per block), got {block}")
+  block = tile or block
   for spec, role in ((fmt.key, "key"), (fmt.value, "value")):
     if isinstance(spec, IntSpec) and spec.bits == 4 and cache.__getattribute__(role[0]).block != h:
       raise NotImplementedError("pallas_gpu: int4 must be packed in blocks of head_dim")
@@ -195,7 +202,7 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       narrow_pv=bool(narrow_pv) and _narrow_ok(fmt.value),
       prefetch=int((0 if kk == vk == "bf16" else PREFETCH) if prefetch is None else prefetch),
       packed_unpack=bool(PACKED_UNPACK if packed_unpack is None else packed_unpack) and "i4" in (kk, vk),
-      value_t=bool(value_t))
+      value_t=bool(tile))
 
 
 def default_warps(plan, head_dim: int = WARPS_HEAD_DIM) -> int:
@@ -203,27 +210,11 @@ def default_warps(plan, head_dim: int = WARPS_HEAD_DIM) -> int:
   WARPS_HEAD_DIM; fewer than four warps scale up with head_dim, to at most four)."""
   if isinstance(plan, kivi.KiviPlan):
     w = KIVI_WARPS.get(plan.key_group, 4)
+  elif plan.value_t:
+    w = TILED_WARPS
   else:
     w = FLAT_WARPS.get(plan.key_kind, 4) if plan.key_kind == plan.value_kind else 4
   return w if w >= 4 else min(4, w * max(1, head_dim // WARPS_HEAD_DIM))
-
-
-def transpose_values(cache: KVCache, block: int | None = None) -> KVCache:
-  """`cache` with its value codes stored channel-major within blocks of `block` tokens,
-  ``[B, K, S / block * H, block]`` (block i's [H, block] transpose at rows i*H..), as `value_t=True`
-  with that `block` reads them (FP8 / INT8 values). Experimental: only the decode kernel reads this
-  layout (the cache's append and the XLA reference do not): for benchmarks and tests of the kernel.
-  block None: QUANT_BLOCK, the kernel's default block."""
-  block = QUANT_BLOCK if block is None else block
-  c = cache.v.codes
-  b, kh, s, h = c.shape
-  if c.dtype.itemsize != 1 or c.shape != (cache.batch, cache.num_kv_heads, cache.capacity, cache.head_dim):
-    raise ValueError(f"transpose_values needs token-major 8-bit value codes [B, K, S, H], got "
-                     f"{c.dtype} {c.shape}")
-  if block < 1 or s % block:
-    raise ValueError(f"block must divide the cache capacity {s}, got {block}")
-  t = jnp.swapaxes(c.reshape(b, kh, s // block, block, h), -2, -1).reshape(b, kh, s // block * h, block)
-  return cache.replace(v=cache.v.replace(codes=t))
 
 
 def _per_token(scale, b, kh, s):
@@ -245,10 +236,8 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
   ksc = _per_token(cache.k.scale, b, kh, s) if plan.key_scaled else None
   vsc = _per_token(cache.v.scale, b, kh, s) if plan.value_scaled else None
   vcodes = cache.v.codes
-  want = (b, kh, s // plan.block * cache.head_dim, plan.block)
-  if plan.value_t and vcodes.shape != want:
-    raise ValueError(f"value_t=True reads value codes transposed in blocks of {plan.block} tokens, "
-                     f"{want} (see transpose_values), got {vcodes.shape}")
+  if plan.value_t:  # tiles of `block` tokens: [B, K, S, H] bytes as [B, K, S / block * H, block]
+    vcodes = vcodes.reshape(b, kh, s // plan.block * cache.head_dim, plan.block)
   return decode.flat_decode(q, cache.lengths, cache.k.codes, vcodes, ksc, vsc, plan=plan,
                             num_warps=num_warps, num_stages=num_stages, interpret=interpret)
 
@@ -256,7 +245,7 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
                      interpret=None, num_splits=None, block=None, num_warps=None,
                      num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None,
-                     tile_loop=None, prefetch=None, packed_unpack=None, value_t=False):
+                     tile_loop=None, prefetch=None, packed_unpack=None):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`)."""
   if window is not None and (int(window) != window or window < 1):
@@ -281,7 +270,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
     packed_unpack = False
   plan = plan_for(cache, t, rows, num_splits=num_splits, block=block, softcap=logit_softcap,
                   window=window, narrow_qk=narrow_qk, narrow_pv=narrow_pv, join_values=join_values,
-                  tile_loop=tile_loop, prefetch=prefetch, packed_unpack=packed_unpack, value_t=value_t)
+                  tile_loop=tile_loop, prefetch=prefetch, packed_unpack=packed_unpack)
   fmt = cache.fmt
   sm = h ** -0.5 if sm_scale is None else sm_scale
   qs = q.astype(jnp.float32).reshape(bq, kh, rows, h) * (sm if logit_softcap else sm * decode.LOG2E)

@@ -63,7 +63,7 @@ def flush_in_kernel_default(fmt) -> bool:
   return fmt.is_kivi and fmt.key.group_size in FLUSH_IN_KERNEL_GROUPS
 
 
-def _kernel(*refs, rows, n_writes, fmt, barrier):
+def _kernel(*refs, rows, tiles, n_writes, fmt, barrier):
   n_in = 2 * n_writes + (3 if fmt is not None else 0)  # pos, new [, lengths, count, new keys]
   pos_refs = refs[:n_writes]
   new_refs = refs[n_writes:2 * n_writes]
@@ -72,13 +72,17 @@ def _kernel(*refs, rows, n_writes, fmt, barrier):
   if fmt is not None:
     flush_lib.flush_keys(b, h, *refs[2 * n_writes:n_in], *out_refs[n_writes:], fmt=fmt, barrier=barrier)
   for i in range(n_writes):
-    out, new, pos = out_refs[i], new_refs[i], pos_refs[i]
+    out, new, pos, tile = out_refs[i], new_refs[i], pos_refs[i], tiles[i]
     for j in range(rows[i]):  # static: T tokens (decode: 1), or the flush blocks
       r = pos[b, j]
+      n_rows = out.shape[2] * max(tile, 1)
 
-      @pl.when((r >= 0) & (r < out.shape[2]))
-      def _store(r=r, j=j, out=out, new=new):
-        out[b, h, pl.ds(r, 1), :] = new[b, h, pl.ds(j, 1), :].astype(out.dtype)
+      @pl.when((r >= 0) & (r < n_rows))
+      def _store(r=r, j=j, out=out, new=new, tile=tile):
+        if tile:  # out [B, K, S/T, X, T], new [B, K, X, n]: one column of a tile
+          out[b, h, r // tile, :, pl.ds(r % tile, 1)] = new[b, h, :, pl.ds(j, 1)].astype(out.dtype)
+        else:
+          out[b, h, pl.ds(r, 1), :] = new[b, h, pl.ds(j, 1), :].astype(out.dtype)
 
 
 def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpret=None,
@@ -116,7 +120,12 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpr
     if v[3] & (v[3] - 1):
       raise NotImplementedError(f"pallas_gpu append: {name} rows of {v[3]} elements (needs a power of two)")
   b, k = cache.batch, cache.num_kv_heads
-  dsts = [a.reshape(v) for a, v in zip(leaves, views)]
+  tiles = tuple(w.tile for w in writes)
+  rows = tuple(x.shape[2] for x in news)
+  # Tiled leaves (`RowWrite.tile`): [B, K, S'/T, X, T] with the new rows as columns [B, K, X, n].
+  dsts = [a.reshape(v[:2] + (v[2] // t, v[3], t)) if t else a.reshape(v)
+          for a, v, t in zip(leaves, views, tiles)]
+  news = [jnp.swapaxes(x, 2, 3) if t else x for x, t in zip(news, tiles)]
   pos = [jnp.asarray(w.pos, jnp.int32) for w in writes]
   n = len(writes)
   flush_in = []
@@ -131,7 +140,7 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpr
   if num_warps is None:
     num_warps = 1 if fl is None else 4
   n_in = 2 * n + len(flush_in)
-  kernel = functools.partial(_kernel, rows=tuple(x.shape[2] for x in news), n_writes=n,
+  kernel = functools.partial(_kernel, rows=rows, tiles=tiles, n_writes=n,
                              fmt=cache.fmt if fl is not None else None, barrier=not interpret)
   out = pl.pallas_call(
       kernel, grid=(b, k),

@@ -146,6 +146,9 @@ def make_plan(q, cache, *, sm_scale=None, logit_softcap=None, window=None,
   fmt = cache.fmt
   if fmt.sink:
     raise NotImplementedError(f"pallas_tpu: full-precision sink tokens (sink={fmt.sink})")
+  if cache.v.tile:
+    raise NotImplementedError(f"pallas_tpu: value codes in tiles of {cache.v.tile} tokens (the GPU "
+                              "layout); make the cache with value_tile=0 or kvjax.cache.with_value_tile")
   kh = cache.num_kv_heads
   if b != cache.batch or h != cache.head_dim or n % kh:
     raise NotImplementedError(f"q shape {q.shape} does not match the cache "
