@@ -390,6 +390,18 @@ def lower_flushes(cache: KVCache, writes: Sequence["RowWrite | KeyFlush"]) -> tu
   return cache, rows
 
 
+def _round_to(x: Array, dtype) -> Array:
+  """`x.astype(dtype)` whose rounding survives jit: XLA GPU's default excess precision elides
+  ``convert(convert(x, bf16), f32)`` (openxla/xla#41605), so a jitted append quantized the f32
+  values while an eager one quantized the bf16 ones the residual stores (codes 1 step apart on the
+  H200, session 8). `lax.reduce_precision` is the op XLA keeps."""
+  dtype = jnp.dtype(dtype)
+  if jnp.issubdtype(x.dtype, jnp.floating) and jnp.finfo(x.dtype).bits > jnp.finfo(dtype).bits:
+    fi = jnp.finfo(dtype)
+    x = jax.lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
+  return x.astype(dtype)
+
+
 def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"],
            num_new: Int[Array, "B"] | None = None, *, checked: bool = False,
            write_rows: Callable[[KVCache, Sequence[RowWrite | KeyFlush]], KVCache] = scatter_writes) -> KVCache:
@@ -432,9 +444,9 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
   valid = j[None] < count[:, None]
   pos = jnp.where(valid, lengths[:, None] + j[None], s_cap)  # s_cap: dropped
   fmt = cache.fmt
-  if fmt.is_kivi:
-    k = k.astype(fmt.residual_dtype)
-    v = v.astype(fmt.residual_dtype)
+  if fmt.is_kivi:  # quantized from exactly what the residual stores
+    k = _round_to(k, fmt.residual_dtype)
+    v = _round_to(v, fmt.residual_dtype)
   new_v = quant.quantize(v, fmt.value, scale=cache.v.scale, block=cache.v.block or None)
   writes = _write_per_token(cache.v, new_v, pos, "v")
   if fmt.is_kivi:
