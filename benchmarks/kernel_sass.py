@@ -59,8 +59,11 @@ def lower(fmt_name, opts, shape, batch=8, capacity=2048):
   """Triton IR text of the decode kernel, and the plan it ran (`shape`: a kernel_variants.HeadShape)."""
   from pallas_kernels import test_base
   from pallas_kernels.gpu import lowering_check, ops
+  from kvjax import cache as cache_lib, formats
+  gpu_tile = cache_lib.default_value_tile(formats.preset(fmt_name), capacity, backend="gpu")
   q, c = test_base.make_case(fmt_name, [capacity // 2] * batch, num_kv_heads=shape.k_heads,
-                             rep=shape.rep, head_dim=shape.head_dim, capacity=capacity)
+                             rep=shape.rep, head_dim=shape.head_dim, capacity=capacity,
+                             value_tile=gpu_tile)  # the cache layout a GPU run gets by default
   from kernel_variants import split_layout
   layout, opts = split_layout(opts)
   c = layout(c)

@@ -284,3 +284,20 @@ def test_tiled_values_stack_and_scan():
   np.testing.assert_allclose(np.asarray(v[:, :, :, :5]), np.asarray(x), rtol=0.01, atol=0.02)
   with pytest.raises(ValueError, match=r"tile \(5\) must be a positive divisor of the token axis"):
     quant.tile_tokens(jnp.zeros((4, 8)), 5)
+
+
+def test_kivi_append_rounds_to_the_residual_dtype_under_jit():
+  """KIVI quantizes exactly the bf16 values its residual stores, jitted or not: the rounding is a
+  `reduce_precision`, which XLA GPU keeps (it elides a bf16 convert round trip under jit; on the
+  H200 the jitted append quantized the f32 values, session 8)."""
+  from kvjax.cache import _round_to
+  c = init_cache(formats.preset("kivi2"), 2, 2, 256, 32)
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 2, 3, 32)) * 3
+  hlo = jax.jit(append).lower(c, x, -x).as_text()
+  assert hlo.count("reduce_precision") == 2  # keys and values
+  for dt in ("bfloat16", "float16"):
+    got = np.asarray(jax.jit(lambda a: _round_to(a, dt).astype(jnp.float32))(x))
+    np.testing.assert_array_equal(got, np.asarray(x.astype(dt).astype(jnp.float32)))
+  for a, b in zip(jax.tree_util.tree_leaves(jax.jit(append)(c, x, -x)),
+                  jax.tree_util.tree_leaves(append(c, x.astype(jnp.bfloat16), -x.astype(jnp.bfloat16)))):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
