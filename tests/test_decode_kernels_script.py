@@ -53,3 +53,34 @@ def test_merge_plot_and_summary(tmp_path, capsys):
   assert (tmp_path / "m.png").stat().st_size > 0
   text = capsys.readouterr().out
   assert "4.00x" in text and "1.50x" in text  # 40 / 10 and 240 / 160 against torch SDPA
+
+
+def test_profile_trace_parsing(tmp_path):
+  """`profile_step.kernel_times` on a synthetic GPU-shaped trace (kernels on a stream track, the
+  module track left out) and on a real profiler trace of a jitted function on the CPU."""
+  import jax.numpy as jnp
+  import profile_step
+  meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #13(Compute)"}},
+          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 8, "args": {"name": "XLA Modules"}}]
+  x = [("fusion", 0, 3), ("kvjax_flat_decode", 4, 10), ("fusion_1", 15, 2)] * 2
+  ev = [{"ph": "X", "pid": 1, "tid": 7, "name": n, "ts": t + 20 * (i // 3), "dur": d}
+        for i, (n, t, d) in enumerate(x)]
+  ev.append({"ph": "X", "pid": 1, "tid": 8, "name": "jit_run", "ts": 0, "dur": 40})
+  ev.append({"ph": "X", "pid": 2, "tid": 9, "name": "host", "ts": 0, "dur": 99})
+  got = profile_step.kernel_times({"traceEvents": meta + ev}, steps=2)
+  assert list(got["kernels"]) == ["kvjax_flat_decode", "fusion", "fusion_1"]
+  assert got["kernels"]["kvjax_flat_decode"] == {"us": 10.0, "calls": 1.0}
+  assert got["busy_us"] == 15.0 and got["span_us"] == (37 - 0) / 2
+  with pytest.raises(ValueError, match="no trace process named like 'TPU'"):
+    profile_step.kernel_times({"traceEvents": meta + ev}, steps=2, process="TPU")
+  with pytest.raises(ValueError, match="steps must be >= 1"):
+    profile_step.kernel_times({"traceEvents": meta + ev}, steps=0)
+  f = jax.jit(lambda a: jnp.sin(a) @ a.T)
+  a = jnp.ones((64, 64))
+  f(a).block_until_ready()
+  with jax.profiler.trace(str(tmp_path), create_perfetto_trace=True):
+    f(a).block_until_ready()
+  real = profile_step.kernel_times(profile_step._read_trace(str(tmp_path)), 1, process="CPU", thread="")
+  assert real["busy_us"] > 0 and real["span_us"] > 0 and real["kernels"]
