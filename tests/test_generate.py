@@ -39,6 +39,8 @@ def test_bf16_cache_generate_equals_uncached_forward(prompts):
   np.testing.assert_array_equal(out.tokens, uncached(model, p, plen, 12))
   np.testing.assert_array_equal(out.lengths, [12, 12, 12])
   np.testing.assert_array_equal(out.caches[0].lengths, plen + 11)  # last token is not appended
+  # default capacity: P + max_new_tokens rounded up to the GPU kernel's 64-token grid
+  assert out.caches[0].capacity == -(-(p.shape[1] + 12) // 64) * 64
 
 
 @pytest.mark.parametrize("cfg", [

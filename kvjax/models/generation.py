@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx, struct
 from jaxtyping import Array, Int
 
+from kvjax import cache as cache_lib
 from kvjax.formats import KVFormat
 from kvjax.models.decoder import Decoder
 from kvjax.models.sampling import SamplingConfig, sample
@@ -124,7 +125,9 @@ def generate(model: Decoder, prompts: Int[Array, "B P"], prompt_lengths: Int[Arr
     stop_tokens: a sequence ends after emitting one of these.
     max_lengths: ``[B]`` per-sequence cap on generated tokens (<= max_new_tokens).
     rng: PRNG key for sampling.
-    capacity: cache capacity (default P + max_new_tokens, rounded up to R for KIVI).
+    capacity: cache capacity (default P + max_new_tokens rounded up to a multiple of
+      `kvjax.cache.VALUE_TILE` = 64 tokens, the GPU kernel's block and value tile: off that grid the
+      Pallas kernel declines and decoding falls back to XLA; KIVI then rounds up to R).
     caches: caches to fill (donated); default fresh ones from `model.init_cache`.
     scales: static FP8 scales (`KVScales`) for fresh caches.
     pad_id: emitted after a sequence ends.
@@ -150,7 +153,8 @@ def generate(model: Decoder, prompts: Int[Array, "B P"], prompt_lengths: Int[Arr
   if prefill_chunk is not None and prefill_chunk < 1:
     raise ValueError(f"prefill_chunk must be a positive int or None, got {prefill_chunk!r}")
   if caches is None:
-    caches = model.init_cache(b, capacity or p + max_new_tokens, fmt, scales=scales)
+    grid = cache_lib.VALUE_TILE
+    caches = model.init_cache(b, capacity or -(-(p + max_new_tokens) // grid) * grid, fmt, scales=scales)
   else:
     need = p + max_new_tokens
     if any(c.capacity < need for c in caches):
