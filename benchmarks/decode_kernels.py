@@ -177,15 +177,7 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
       full = decode_step(functools.partial(ops.decode_attention, **kernel_options(opts)), b, ctx,
                          length, append_fn)
       rows.append(("kvjax_step" + suffix, time_loop(full, (q, caches), steps, reps) / ns, nb))
-
-      def app(x, append_fn=append_fn):
-        q, cs = x
-        new = []
-        for c in cs:
-          t = new_token(q, b)
-          c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
-          new.append(append_fn(c, t, t))
-        return q, tuple(new)
+      app = append_only(append_fn, b, ctx, length)
       rows.append(("kvjax_append" + suffix, time_loop(app, (q, caches), steps, reps) / ns, 0))
   return rows
 
@@ -206,6 +198,20 @@ def decode_step(attend_fn, b, ctx, length, append_fn=None):
       q = chain(q, o)
     return q, tuple(new)
   return full
+
+
+def append_only(append_fn, b, ctx, length):
+  """The append alone over each cache set: a token derived from the query, lengths wrapped back to
+  `length` before the capacity (every step writes a new position)."""
+  def app(x):
+    q, cs = x
+    new = []
+    for c in cs:
+      t = new_token(q, b)
+      c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
+      new.append(append_fn(c, t, t))
+    return q, tuple(new)
+  return app
 
 
 def xla_dequant_row(fmt_name, b, ctx, reps, key):

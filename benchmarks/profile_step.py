@@ -78,25 +78,36 @@ def _read_trace(log_dir: str) -> dict:
     return json.load(f)
 
 
+WHAT = ("attend", "append", "step")
+
+
 def profile_point(fmt_name: str, batch: int, context: int, steps: int, process: str = "GPU",
-                  thread: str = "Stream", opts: dict | None = None) -> dict:
-  """One traced run of the kvjax kernel loop at (fmt, batch, context); `kernel_times` of it."""
+                  thread: str = "Stream", opts: dict | None = None, what: str = "attend") -> dict:
+  """One traced run at (fmt, batch, context) of `what`: "attend" (the kernel call, as the
+  "kvjax" rows), "append" (the one-kernel append alone, "kvjax_append_pallas") or "step" (both,
+  "kvjax_step_pallas"); `kernel_times` of it."""
+  import functools
   import jax.numpy as jnp
   import decode_kernels as dk
-  from pallas_kernels.gpu import ops
+  from pallas_kernels.gpu import ops, write
   from kernel_variants import split_layout
+  if what not in WHAT:
+    raise ValueError(f"what must be one of {WHAT}, got {what!r}")
   layout, opts = split_layout(opts)
   key = jax.random.PRNGKey(0)
-  _, nb, ns, caches, q = dk.cache_sets(fmt_name, batch, context, key)
+  length, nb, ns, caches, q = dk.cache_sets(fmt_name, batch, context, key)
   caches = tuple(layout(c) for c in caches)
+  attend_fn = functools.partial(ops.decode_attention, **dk.kernel_options(opts))
 
   def attend(x):
     q, cs = x
     for c in cs:
-      q = dk.chain(q, ops.decode_attention(q, c, **dk.kernel_options(opts)))
+      q = dk.chain(q, attend_fn(q, c))
     return q, cs
 
-  run = jax.jit(lambda c: jax.lax.fori_loop(0, steps, lambda i, x: attend(x), c), donate_argnums=0)
+  body = {"attend": attend, "append": dk.append_only(write.append, batch, context, length),
+          "step": dk.decode_step(attend_fn, batch, context, length, write.append)}[what]
+  run = jax.jit(lambda c: jax.lax.fori_loop(0, steps, lambda i, x: body(x), c), donate_argnums=0)
   carry = run(jax.tree_util.tree_map(jnp.copy, (q, caches)))  # compile + warm up
   jax.block_until_ready(carry)
   with tempfile.TemporaryDirectory() as d:
@@ -104,7 +115,7 @@ def profile_point(fmt_name: str, batch: int, context: int, steps: int, process: 
       carry = run(carry)
       jax.block_until_ready(carry)
     out = kernel_times(_read_trace(d), steps * ns, process, thread)
-  out.update(format=fmt_name, batch=batch, context=context, steps=steps, cache_sets=ns,
+  out.update(format=fmt_name, batch=batch, context=context, what=what, steps=steps, cache_sets=ns,
              bytes_read=int(nb), options=opts or {})
   return out
 
@@ -114,20 +125,22 @@ def main(argv=None):
   ap.add_argument("--formats", default="fp8_e4m3,int8,bf16")
   ap.add_argument("--points", default="1:4096,8:1024,8:4096,8:32768", help="batch:context,...")
   ap.add_argument("--steps", type=int, default=50)
+  ap.add_argument("--what", default="attend", help=f"comma-separated, of {WHAT}")
   ap.add_argument("--process", default="GPU", help="trace process to read (GPU; CPU for smoke tests)")
   ap.add_argument("--thread", default="Stream", help="trace threads to read ('' = all; GPU kernels: Stream)")
   ap.add_argument("--top", type=int, default=6, help="kernels printed per point")
   ap.add_argument("--out", default="benchmarks/results/decode_parts/profile.json")
   args = ap.parse_args(argv)
   rows = []
-  for f in filter(None, args.formats.split(",")):
-    for p in filter(None, args.points.split(",")):
-      b, ctx = map(int, p.split(":"))
-      r = profile_point(f, b, ctx, args.steps, args.process, args.thread)
-      rows.append(r)
-      top = ", ".join(f"{n[:40]} {v['us']:.1f}" for n, v in list(r["kernels"].items())[:args.top])
-      print(f"{f:10s} B={b:<3d} ctx={ctx:<6d} span {r['span_us']:7.1f} us  busy {r['busy_us']:7.1f}  | {top}",
-            flush=True)
+  for w in filter(None, args.what.split(",")):
+    for f in filter(None, args.formats.split(",")):
+      for p in filter(None, args.points.split(",")):
+        b, ctx = map(int, p.split(":"))
+        r = profile_point(f, b, ctx, args.steps, args.process, args.thread, what=w)
+        rows.append(r)
+        top = ", ".join(f"{n[:40]} {v['us']:.1f}" for n, v in list(r["kernels"].items())[:args.top])
+        print(f"{w:6s} {f:10s} B={b:<3d} ctx={ctx:<6d} span {r['span_us']:7.1f} us  "
+              f"busy {r['busy_us']:7.1f}  | {top}", flush=True)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as fh:
     json.dump({"meta": {"device": str(jax.devices()[0]), "jax": jax.__version__, "process": args.process,

@@ -77,6 +77,8 @@ def test_profile_trace_parsing(tmp_path):
     profile_step.kernel_times({"traceEvents": meta + ev}, steps=2, process="TPU")
   with pytest.raises(ValueError, match="steps must be >= 1"):
     profile_step.kernel_times({"traceEvents": meta + ev}, steps=0)
+  with pytest.raises(ValueError, match="what must be one of"):
+    profile_step.profile_point("fp8_e4m3", 1, 512, 1, what="decode")
   f = jax.jit(lambda a: jnp.sin(a) @ a.T)
   a = jnp.ones((64, 64))
   f(a).block_until_ready()
