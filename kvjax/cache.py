@@ -54,9 +54,9 @@ __all__ = ["KVCache", "RowWrite", "KeyFlush", "init_cache", "append", "scatter_w
            "VALUE_TILE"]
 
 # Tokens per tile of the tiled value layout `init_cache` picks on GPU: the Pallas decode kernel's
-# block (pallas_kernels.gpu.ops.QUANT_BLOCK). H200, B=8, 32k, Llama-3-8B heads (session 7/8,
-# benchmarks/results/decode_parts/decode_s7_value_t_tiled.json, decode_s7_value_t_int8.json):
-# fp8 e4m3 172 -> 149 us, int8 182 -> 168 us against token-major codes (with 4 warps).
+# block (pallas_kernels.gpu.ops.QUANT_BLOCK). H200, B=8, 32k, Llama-3-8B heads, same run (session 8,
+# benchmarks/results/decode_parts/decode_s8_b8.json): fp8 e4m3 171.1 -> 147.8 us, int8 180.7 -> 172.1
+# against token-major codes; Gemma-2-2B heads (decode_gemma_s8.json) fp8 543 -> 426 us.
 VALUE_TILE = 64
 
 

@@ -66,9 +66,9 @@ PACKED_UNPACK = True
 # Confirmed in the second call (decode_s5b.json): fp8 172 us (183 with 4 warps), int8 182 (189),
 # kivi2 356 (365), kivi4 362 (380); int4 with two warps as well 161 -> 155 us.
 FLAT_WARPS = {"f8": 2, "i8": 2, "i4": 2}  # key kind of the per-token kernels -> warps (others: 4)
-# Value codes in tiles (`QArray.tile`, the GPU default layout; sessions 7-8, H200, B=8, 32k,
-# decode_parts/decode_s7_value_t_tiled.json, decode_s7_value_t_int8.json): fp8 e4m3 158 us with
-# two warps, 149 with four; int8 180 / 168. So tiled values take four warps.
+# Value codes in tiles (`QArray.tile`, the GPU default layout; H200, B=8, 32k): fp8 e4m3 157.1 us
+# with two warps, 147.8 with four, 226.1 with eight; int8 179.6 / 172.1 / 223.3 (session 8,
+# decode_parts/decode_s8_b8.json; session 7's decode_s7_value_t_tiled.json agrees). So four warps.
 TILED_WARPS = 4
 KIVI_WARPS = {32: 2}  # KIVI key group -> warps (others: 4)
 # The two-warp entries above were measured at head_dim 128. A program's registers per thread grow
