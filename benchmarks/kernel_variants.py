@@ -40,9 +40,10 @@ class HeadShape:
 SHAPES = {"llama3_8b": HeadShape(32, 8, 128), "gemma2_2b": HeadShape(8, 4, 256, softcap=50.0)}
 N_HEADS, K_HEADS = SHAPES["llama3_8b"].n_heads, SHAPES["llama3_8b"].k_heads  # the default shape
 
-# Neighbours of the defaults set from session 5's sweep (decode_parts/decode_s5.json): fp8/int8 run
-# 2 warps, int4 and KIVI unpack with inline PTX, KIVI G=32 runs 2 warps. Older variants (prefetch,
-# block, narrow dots, joined values, tile loop) are settled in decode_s3/s4/s5.json.
+# Neighbours of the defaults: fp8/int8 with tiled values run 4 warps (session 8, decode_s8_b8.json;
+# token-major 2 warps, session 5), int4 and KIVI unpack with inline PTX, KIVI G=32 runs 2 warps
+# (decode_parts/decode_s5.json). Older variants (prefetch, block, narrow dots, joined values, tile
+# loop) are settled in decode_s3/s4/s5.json.
 # Values in tiles (`init_cache(value_tile=)`, the GPU default since session 8; `value_tile` is a cache
 # option, the rest kernel options): CPU-compiled SASS, session 7: fp8 0.113 -> 0.083 warp-instructions
 # per byte (no byte-wise LDS.U8 for the p.v operand), 243 -> 167 registers. Fully channel-major [H, S]
