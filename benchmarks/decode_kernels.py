@@ -377,6 +377,9 @@ def main():
                   help="B:context,... to sweep at instead of --sweep-batch/--sweep-context")
   ap.add_argument("--sweep-splits", default="",
                   help="sweep only num_splits over these values (beside the default), e.g. 2,4,8,16")
+  ap.add_argument("--sweep-options", default="",
+                  help='sweep these option sets (a JSON list of dicts, beside the default), e.g. '
+                       '\'[{"pallas_merge": false}, {"num_splits": 4}]\'')
   ap.add_argument("--tune", action="store_true",
                   help="time the table's kvjax rows with each swept format's fastest options")
   ap.add_argument("--tuned-from", help="a result file whose meta.tuned options the kvjax rows use")
@@ -413,8 +416,12 @@ def main():
             else [(args.sweep_batch, args.sweep_context)])
   for f, (sb, sc) in [(f, p) for f in filter(None, args.sweep.split(",")) for p in points]:
     best = None
-    grid = ([{}] + [dict(num_splits=int(x)) for x in args.sweep_splits.split(",")] if args.sweep_splits
-            else sweep_grid(f, args.sweep_variants_only))
+    if args.sweep_options:
+      grid = [{}] + [dict(o) for o in json.loads(args.sweep_options)]
+    elif args.sweep_splits:
+      grid = [{}] + [dict(num_splits=int(x)) for x in args.sweep_splits.split(",")]
+    else:
+      grid = sweep_grid(f, args.sweep_variants_only)
     for o in grid:
       variant = opts_name(f, o)
       if meta.get("check_worst_rel_err", {}).get(variant, 0.0) >= 1e-2:

@@ -50,7 +50,8 @@ N_HEADS, K_HEADS = SHAPES["llama3_8b"].n_heads, SHAPES["llama3_8b"].k_heads  # t
 # codes timed slower on the H200 (fp8 179 vs 171 us, decode_s7_value_t.json); 64-token tiles faster:
 # 158 us, 149 with 4 warps, vs 172 (decode_s7_value_t_tiled.json); int8 180 / 168 vs 182
 # (decode_s7_value_t_int8.json). Token-major (value_tile=0) variants keep the old layout in the sweep.
-TILED = (dict(num_warps=2), dict(num_warps=8), dict(value_tile=128), dict(num_stages=4), dict(prefetch=0))
+TILED = (dict(num_warps=2), dict(num_warps=8), dict(value_tile=128), dict(num_stages=4), dict(prefetch=0),
+         dict(pallas_merge=False))  # the XLA split merge instead of `merge.merge_states` (session 9)
 TOKEN_MAJOR = (dict(value_tile=0), dict(value_tile=0, num_warps=4), dict(value_tile=0, num_warps=4, block=32))
 # int8 q.k runs 8-bit tensor-core dots by default (NARROW_QK_KINDS, session 3, token-major): re-checked
 # with tiles by `narrow_qk=False` (not yet timed).

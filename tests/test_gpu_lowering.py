@@ -39,7 +39,8 @@ def test_lowers_to_triton(fmt_name, opts):
   q, c = test_base.make_case(fmt_name, [300, 5], num_kv_heads=2, rep=4, num_queries=1,
                              value_tile=tile)
   modules = lowering_check.lower(q, c, **opts)
-  assert len(modules) == 1
+  assert len(modules) == 2  # the decode kernel, then the split merge (`merge.merge_states`)
+  assert "kvjax_merge_splits" in modules[1] and "tt.dot" not in modules[1]
   ir = modules[0]
   dots = [line for line in ir.splitlines() if "tt.dot" in line]
   assert dots

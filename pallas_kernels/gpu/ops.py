@@ -16,9 +16,9 @@ import numpy as np
 
 from kvjax.cache import KVCache
 from kvjax.formats import FP8Spec, IntSpec, Passthrough
-from pallas_kernels.gpu import decode, kivi
+from pallas_kernels.gpu import decode, kivi, merge
 
-__all__ = ["decode_attention", "plan_for", "default_splits", "quant_target", "default_warps"]
+__all__ = ["decode_attention", "plan_for", "default_splits", "quant_target", "tiled_splits", "default_warps"]
 
 NUM_SMS = 132  # H200; only steers the split heuristic
 MAX_ROWS = 64
@@ -33,6 +33,15 @@ QUANT_STAGES = 3
 # drops to total blocks / SHORT_BLOCKS programs, not below 4 per SM (`quant_target`); from B=8 at 32k
 # up (>= 16896 blocks) nothing changes. KIVI (128-token blocks) was near its optimum everywhere swept.
 SHORT_BLOCKS = 8
+# Values in tiles (4 warps, 112 registers: 4 programs per SM, one wave = TILED_WAVE programs). Session-9
+# num_splits sweep (H200, decode_parts/decode_s9_splits.json, decode_s9_short.json): at B=8, 32k one wave
+# (8 splits, 512 programs) 136.7 us against 146.0 for QUANT_TARGET's 33 splits and 139.7 for 16; B=8 128k
+# 514 vs 508 (33); B=64 32k 4 splits 1005 vs 1017 (5), 1027 (8); B=1 32k 66 splits (one wave) best. Where
+# the whole cache is under TILED_SHORT blocks, half a wave (about 2 programs per SM, fewer programs with
+# more blocks each) wins: B=8 1k 4 splits 12.2 us vs 13.9 (8) and 14.6 (9, the old rule); B=8 2k 4 splits
+# 17.2 vs 19.0 (8); B=16 1k 3 splits 16.1, 2: 16.6, 4: 16.7. `tiled_splits` is that rule.
+TILED_WAVE = 4 * NUM_SMS
+TILED_SHORT = 16 * NUM_SMS
 # Variant sweep on the H200 (B=8, 32k, session 3, benchmarks/results/decode_parts/decode_s3.json):
 # 8-bit tensor-core q.k pays off for INT8 codes (241 -> 207 us) but not for FP8 e4m3, whose
 # fp8 -> fp16 upcast is native (208 -> 216 us); narrow p.v loses for both (222 / 268 us).
@@ -92,6 +101,13 @@ def quant_target(batch, kv_heads, num_blocks):
   leave under SHORT_BLOCKS blocks per program (short contexts, small batches), fewer programs, down
   to 4 per SM."""
   return min(QUANT_TARGET, max(4 * NUM_SMS, batch * kv_heads * num_blocks // SHORT_BLOCKS))
+
+
+def tiled_splits(batch, kv_heads, num_blocks):
+  """Splits for the tiled-value kernels: one wave of programs (TILED_WAVE), half a wave where the
+  cache has under TILED_SHORT blocks in all; at least one split, at most one per block."""
+  programs = TILED_WAVE if batch * kv_heads * num_blocks >= TILED_SHORT else TILED_WAVE // 2
+  return int(max(1, min(num_blocks, programs // (batch * kv_heads))))
 
 
 def _kind(spec, role):
@@ -188,8 +204,12 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
       raise NotImplementedError(f"pallas_gpu: capacity {s} not a multiple of 16")
   elif block < 16 or block & (block - 1) or s % block:
     raise ValueError(f"block must be a power of two >= 16 dividing the cache capacity {s}, got {block}")
-  ns = num_splits or default_splits(
-      b, kh, s // block, 4 * NUM_SMS if kk == vk == "bf16" else quant_target(b, kh, s // block))
+  if num_splits:
+    ns = num_splits
+  elif tile:
+    ns = tiled_splits(b, kh, s // block)
+  else:
+    ns = default_splits(b, kh, s // block, 4 * NUM_SMS if kk == vk == "bf16" else quant_target(b, kh, s // block))
   narrow_qk = (kk in NARROW_QK_KINDS) if narrow_qk is None else narrow_qk
   narrow_pv = NARROW_PV if narrow_pv is None else narrow_pv
   return decode.FlatPlan(
@@ -245,9 +265,12 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
                      interpret=None, num_splits=None, block=None, num_warps=None,
                      num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None,
-                     tile_loop=None, prefetch=None, packed_unpack=None):
+                     tile_loop=None, prefetch=None, packed_unpack=None, pallas_merge=None):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
-  `kvjax.attention.decode_attention`)."""
+  `kvjax.attention.decode_attention`).
+
+  pallas_merge: merge the per-split states with the one-kernel `merge.merge_states` (None: on a
+  GPU, where it saves the XLA merge's launches) or with the XLA reference `decode.combine`."""
   if window is not None and (int(window) != window or window < 1):
     raise ValueError(f"window must be a positive integer or None, got {window!r}")
   if cache.num_layers is not None:
@@ -283,8 +306,13 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   elif not isinstance(fmt.key, Passthrough):
     kw["num_stages"] = QUANT_STAGES
   o, m, l = backend_call(qs, cache, plan, interpret=interpret, **kw)
-  out = decode.combine(o, m, l, rows)  # [B, K, rows, H]
-  if isinstance(fmt.value, FP8Spec) and fmt.value.static:
+  v_static = isinstance(fmt.value, FP8Spec) and fmt.value.static
+  if not interpret if pallas_merge is None else pallas_merge:
+    out = merge.merge_states(o, m, l, rows, jnp.float32 if v_static else q.dtype, interpret=interpret)
+    out = out[:, :, :rows]  # [B, K, R, H] -> [B, K, rows, H]; no copy where rows is a power of two
+  else:
+    out = decode.combine(o, m, l, rows)  # [B, K, rows, H]
+  if v_static:
     out = out * jnp.asarray(cache.v.scale, jnp.float32)
   return out.reshape(bq, n, t, h).astype(q.dtype)
 
