@@ -292,12 +292,13 @@ def set_leaves(cache: "KVCache", values: dict[str, Array]) -> "KVCache":
   return cache.replace(k=cache.k.replace(**k_new), v=cache.v.replace(**v_new), **top)
 
 
-def scatter_writes(cache: "KVCache", writes: Sequence["RowWrite | KeyFlush"]) -> "KVCache":
+def scatter_writes(cache: "KVCache", writes: Sequence["RowWrite | KeyFlush | QuantRows"]) -> "KVCache":
   """Applies `writes` with XLA scatters (in place under donation): the reference row writer.
 
-  A `KeyFlush` is quantized here (`flush_rows`), then stored like the other rows.
+  `QuantRows` and a `KeyFlush` are quantized here (`lower_quants`, `flush_rows`), then stored
+  like the other rows.
   """
-  cache, writes = lower_flushes(cache, writes)
+  cache, writes = lower_flushes(cache, lower_quants(cache, writes))
   out = {}
   for w in writes:
     leaf = out.get(w.leaf, get_leaf(cache, w.leaf))
@@ -313,6 +314,43 @@ def _write_per_token(old: QArray, new: QArray, pos: Array, role: str) -> list[Ro
     names += ["scale"] + ([] if old.zero is None else ["zero"])
   return [RowWrite(f"{role}.{n}", getattr(old, n).shape, getattr(new, n), pos,
                    tile=old.tile if n == "codes" else 0) for n in names]
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantRows:
+  """One append's keys or values (`role` "k" / "v"), left to the writer to quantize per token:
+  raw rows `new` ``[B, K, n, H]`` at token rows `pos` ``[B, n]``. `lower_quants` is the reference
+  (`quant.quantize`, then the codes and scales as `RowWrite`s); the GPU writer does it in-kernel."""
+
+  role: str
+  new: Array
+  pos: Array
+
+
+def writer_quantizes(q: QArray) -> bool:
+  """Whether `append` hands `q`'s new rows to the writer unquantized (`QuantRows`): dynamic FP8 and
+  INT8 with 16-bit per-token scales, whose rounding (`quant.fp8_div`, `quant.div_round`) is exact."""
+  spec = q.spec
+  per_token = (isinstance(spec, FP8Spec) and not spec.static) or (isinstance(spec, IntSpec) and spec.bits == 8)
+  return per_token and jnp.dtype(spec.scale_dtype).itemsize == 2
+
+
+def lower_quants(cache: "KVCache", writes: Sequence) -> list:
+  """`writes` with each `QuantRows` replaced by its quantized codes' and scales' `RowWrite`s."""
+  out = []
+  for w in writes:
+    if isinstance(w, QuantRows):
+      old = getattr(cache, w.role)
+      out += _write_per_token(old, quant.quantize(w.new, old.spec), w.pos, w.role)
+    else:
+      out.append(w)
+  return out
+
+
+def _per_token_writes(old: QArray, x: Array, pos: Array, role: str) -> list:
+  if writer_quantizes(old):
+    return [QuantRows(role, x, pos)]
+  return _write_per_token(old, quant.quantize(x, old.spec, scale=old.scale, block=old.block or None), pos, role)
 
 
 def _without_sinks(blocks: Array, first: Array, sink: int) -> Array:
@@ -447,8 +485,7 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
   if fmt.is_kivi:  # quantized from exactly what the residual stores
     k = _round_to(k, fmt.residual_dtype)
     v = _round_to(v, fmt.residual_dtype)
-  new_v = quant.quantize(v, fmt.value, scale=cache.v.scale, block=cache.v.block or None)
-  writes = _write_per_token(cache.v, new_v, pos, "v")
+  writes = _per_token_writes(cache.v, v, pos, "v")
   if fmt.is_kivi:
     r_len = fmt.residual
     end = lengths + count
@@ -457,8 +494,7 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
     writes.append(RowWrite("v_res", cache.v_res.shape, v, slot))
     writes.append(KeyFlush(k, count, lengths))
   else:
-    new_k = quant.quantize(k, fmt.key, scale=cache.k.scale, block=cache.k.block or None)
-    writes += _write_per_token(cache.k, new_k, pos, "k")
+    writes += _per_token_writes(cache.k, k, pos, "k")
   if fmt.sink:
     slot = jnp.where(valid & (pos < fmt.sink), pos, fmt.sink)  # others dropped
     writes += [RowWrite("k_sink", cache.k_sink.shape, k, slot),

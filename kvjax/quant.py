@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 from flax import struct
 from jaxtyping import Array, Float
@@ -125,6 +126,29 @@ def div_round(t: Array, s: Array) -> Array:
   return c
 
 
+def fp8_div(x: Array, s: Array, spec: FP8Spec) -> Array:
+  """``clip(x / s, -max, max)`` rounded to `spec`'s FP8 dtype (to nearest, ties to even), exact for
+  a positive 16-bit-valued `s` (the dynamic scales): one division, then one correction step by
+  exact comparisons with the midpoints to the neighbouring codes (a midpoint has <= 5 significant
+  bits, so ``mid * s`` is exact in f32). So it does not depend on how a backend rounds division:
+  XLA on CPU divides with up to 1 ulp of error, Triton's f32 division is approximate. Only
+  comparisons, selects, converts and 8/32-bit bit patterns: the GPU writer runs it in-kernel."""
+  f8, f32 = FP8_DTYPES[spec.dtype], jnp.float32
+  a = jnp.abs(x)
+  c = jnp.minimum(a / s, spec.max).astype(f8)  # within one code of the exact rounding
+  u = lax.bitcast_convert_type(c, jnp.uint8)  # non-negative codes are ordered as their bits
+  cf = c.astype(f32)
+  lo = lax.bitcast_convert_type(jnp.maximum(u, jnp.uint8(1)) - jnp.uint8(1), f8).astype(f32)
+  hi = lax.bitcast_convert_type(jnp.minimum(u + jnp.uint8(1), jnp.uint8(0x7F)), f8).astype(f32)
+  m_lo, m_hi = (lo + cf) * 0.5 * s, (cf + hi) * 0.5 * s
+  odd = (u & jnp.uint8(1)) != 0  # neighbours differ in the last bit: the even one of a tie
+  down = (u > 0) & ((a < m_lo) | ((a == m_lo) & odd))
+  up = (cf < spec.max) & ((a > m_hi) | ((a == m_hi) & odd))
+  u = jnp.where(down, u - jnp.uint8(1), jnp.where(up, u + jnp.uint8(1), u))
+  sign = (lax.bitcast_convert_type(x.astype(f32), jnp.uint32) >> 31).astype(jnp.uint8) << 7
+  return lax.bitcast_convert_type(u | sign, f8)
+
+
 def compute_scale(x: Float[Array, "... S H"], spec: QuantSpec) -> tuple[Array | None, Array | None]:
   """Dynamic scale (and zero) of `x` for `spec`, as stored (rounded to its scale_dtype).
 
@@ -200,7 +224,10 @@ def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None
       s = jnp.asarray(scale, jnp.float32)
     else:
       s, _ = compute_scale(xf, spec)
-    q = jnp.clip(xf / s.astype(jnp.float32), -spec.max, spec.max).astype(FP8_DTYPES[spec.dtype])
+    if spec.static or jnp.dtype(spec.scale_dtype).itemsize > 2:  # f32 scales: not exact, divide
+      q = jnp.clip(xf / s.astype(jnp.float32), -spec.max, spec.max).astype(FP8_DTYPES[spec.dtype])
+    else:
+      q = fp8_div(xf, s.astype(jnp.float32), spec)
     stored = s if not spec.static else jnp.asarray(scale)
     return QArray(codes=q, scale=stored, zero=None, spec=spec, block=0)
   s, zero = compute_scale(xf, spec)

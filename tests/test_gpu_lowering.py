@@ -113,6 +113,10 @@ def test_append_lowers_to_one_triton_kernel(fmt_name, num_new):
   # reductions stay in XLA)
   assert ("gpu.barrier" in ir) == kivi
   assert modules == lowering_check.lower_append(c, k, k, n, flush_in_kernel=True)
+  if name in ("fp8_e4m3", "int8"):  # per-token keys and values quantized in the kernel (QuantRows)
+    xla_side = hlo.split("stablehlo.custom_call")[0]
+    assert "stablehlo.reduce" not in xla_side and "stablehlo.divide" not in xla_side
+    assert "tt.reduce" in ir
   if kivi:
     minmax = hlo.count("applies stablehlo.minimum") + hlo.count("applies stablehlo.maximum")
     assert minmax == 2, minmax  # the values' per-token min and max; none for keys

@@ -108,3 +108,46 @@ def test_quantize_bad_inputs():
     quant.quantize(jnp.zeros((32, 48)), KIVISpec(group_size=32, axis="channel"))
   with pytest.raises(ValueError, match="needs a static `scale`"):
     quant.quantize(jnp.zeros((32, 64)), FP8Spec(granularity="channel"))
+
+
+
+def _fp8_grid(dtype):
+  """(codes, values) of the finite non-negative codes of an FP8 dtype, ascending."""
+  import ml_dtypes
+  f8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}[dtype]
+  vals = np.arange(128, dtype=np.uint8).view(f8).astype(np.float64)
+  codes = np.flatnonzero(np.isfinite(vals))
+  return codes, vals[codes]
+
+
+def _fp8_exact(x, s, spec):
+  """Round to nearest, ties to even, of clip(|x| / s) onto the FP8 grid, by comparing |x| with every
+  code times s in float64 (exact: 24 + 11 bits), with x's sign bit."""
+  codes, vals = _fp8_grid(spec.dtype)
+  keep = vals <= spec.max
+  codes, vals = codes[keep], vals[keep]
+  err = np.abs(np.abs(x.astype(np.float64))[..., None] - vals * s.astype(np.float64)[..., None])
+  tied = err == err.min(-1, keepdims=True)
+  pick = np.where(tied.sum(-1) > 1, np.argmax(tied & (codes % 2 == 0), -1), np.argmin(err, -1))
+  return codes[pick].astype(np.uint8) | (np.signbit(x).astype(np.uint8) << 7)
+
+
+@SETTINGS
+@given(x=arrays(rows=(1, 2), cols=32, magnitude=1e4), dtype=st.sampled_from(["e4m3", "e5m2"]),
+       ties=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_fp8_division_is_exact_round_to_nearest_even(x, dtype, ties, seed):
+  """`quant.fp8_div` (the dynamic FP8 rounding, in XLA and in the GPU writer) is the exact rounding of
+  x / s, ties to even, whatever the backend's division does; `ties` puts x exactly on midpoints."""
+  spec = FP8Spec(dtype=dtype, granularity="token")
+  s, _ = quant.compute_scale(jnp.asarray(x), spec)
+  s = np.asarray(s, F32)
+  if ties:  # x = (code u + code u+1) / 2 * s: exact in f32 (<= 5 + 8 significant bits)
+    codes, vals = _fp8_grid(dtype)
+    n_ok = int(np.sum(vals <= spec.max)) - 1
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, n_ok, size=x.shape)
+    sign = np.where(rng.random(x.shape) < 0.5, -1.0, 1.0)
+    x = (sign * (vals[u] + vals[u + 1]) / 2 * s).astype(F32)
+    assert np.array_equal(x.astype(np.float64), sign * (vals[u] + vals[u + 1]) / 2 * s.astype(np.float64))
+  got = np.asarray(quant.fp8_div(jnp.asarray(x), jnp.asarray(s), spec)).view(np.uint8)
+  np.testing.assert_array_equal(got, _fp8_exact(x, s, spec))

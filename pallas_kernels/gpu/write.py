@@ -34,7 +34,9 @@ from jax.experimental.pallas import triton as plgpu
 
 from kvjax import cache as cache_lib
 from kvjax import dispatch
-from kvjax.cache import KeyFlush, KVCache, RowWrite
+from kvjax import quant
+from kvjax.cache import KeyFlush, KVCache, QuantRows, RowWrite
+from kvjax.formats import FP8Spec
 from pallas_kernels.gpu import flush as flush_lib
 
 __all__ = ["write_rows", "append", "append_inplace", "decode_step"]
@@ -63,30 +65,62 @@ def flush_in_kernel_default(fmt) -> bool:
   return fmt.is_kivi and fmt.key.group_size in FLUSH_IN_KERNEL_GROUPS
 
 
-def _kernel(*refs, rows, tiles, n_writes, fmt, barrier):
-  n_in = 2 * n_writes + (3 if fmt is not None else 0)  # pos, new [, lengths, count, new keys]
+def _quantize_row(x, spec):
+  """One token's row x [1, H] (or its column [H, 1]) f32 -> (codes, scale [1, 1] in the scale
+  dtype) as `quant.quantize` computes them, bit for bit (exact steps, lowerable primitives)."""
+  sd = jnp.dtype(spec.scale_dtype)
+  qmax = spec.max if isinstance(spec, FP8Spec) else spec.qmax
+  amax = jnp.max(jnp.max(jnp.abs(x), axis=0, keepdims=True), axis=1, keepdims=True)  # [1, 1]
+  s = flush_lib.step_for(jnp.where(amax > 0, amax, qmax), qmax, sd)
+  sf = s.astype(jnp.float32)
+  if isinstance(spec, FP8Spec):
+    return quant.fp8_div(x, sf, spec), s
+  c = jnp.minimum(flush_lib.div_round(jnp.abs(x), sf), qmax)  # symmetric: round |x|, then the sign
+  return jnp.where(x < 0, -c, c).astype(jnp.int8), s
+
+
+def _kernel(*refs, rows, tiles, n_writes, quants, fmt, barrier):
+  nq = len(quants)
+  n_in = 2 * n_writes + 2 * nq + (3 if fmt is not None else 0)  # pos, new, qpos, qraw [, flush in]
   pos_refs = refs[:n_writes]
   new_refs = refs[n_writes:2 * n_writes]
+  qpos_refs = refs[2 * n_writes:2 * n_writes + nq]
+  qraw_refs = refs[2 * n_writes + nq:2 * n_writes + 2 * nq]
   out_refs = refs[n_in + len(refs[n_in:]) // 2:]  # aliased to the leaves, which are read only here
   b, h = pl.program_id(0), pl.program_id(1)
   if fmt is not None:
-    flush_lib.flush_keys(b, h, *refs[2 * n_writes:n_in], *out_refs[n_writes:], fmt=fmt, barrier=barrier)
+    flush_lib.flush_keys(b, h, *refs[2 * n_writes + 2 * nq:n_in], *out_refs[n_writes + 2 * nq:],
+                         fmt=fmt, barrier=barrier)
+
+  def store(out, r, tile, val):  # val: [1, X] row (token-major) or [X, 1] column (tiled)
+    n_rows = out.shape[2] * max(tile, 1)
+
+    @pl.when((r >= 0) & (r < n_rows))
+    def _store():
+      if tile:  # out [B, K, S/T, X, T]: one column of a tile
+        out[b, h, r // tile, :, pl.ds(r % tile, 1)] = val.astype(out.dtype)
+      else:
+        out[b, h, pl.ds(r, 1), :] = val.astype(out.dtype)
+
   for i in range(n_writes):
-    out, new, pos, tile = out_refs[i], new_refs[i], pos_refs[i], tiles[i]
     for j in range(rows[i]):  # static: T tokens (decode: 1), or the flush blocks
-      r = pos[b, j]
-      n_rows = out.shape[2] * max(tile, 1)
+      new = new_refs[i]  # [B, K, X, n] for a tiled leaf, else [B, K, n, X]
+      val = new[b, h, :, pl.ds(j, 1)] if tiles[i] else new[b, h, pl.ds(j, 1), :]
+      store(out_refs[i], pos_refs[i][b, j], tiles[i], val)
+  for i, (spec, tile) in enumerate(quants):
+    codes_out, scale_out = out_refs[n_writes + 2 * i], out_refs[n_writes + 2 * i + 1]
+    raw = qraw_refs[i]  # [B, K, H, n] for tiled codes, else [B, K, n, H]
+    for j in range(raw.shape[3] if tile else raw.shape[2]):
+      x = (raw[b, h, :, pl.ds(j, 1)] if tile else raw[b, h, pl.ds(j, 1), :]).astype(jnp.float32)
+      codes, s = _quantize_row(x, spec)
+      r = qpos_refs[i][b, j]
+      store(codes_out, r, tile, codes)
+      store(scale_out, r, 0, s)
 
-      @pl.when((r >= 0) & (r < n_rows))
-      def _store(r=r, j=j, out=out, new=new, tile=tile):
-        if tile:  # out [B, K, S/T, X, T], new [B, K, X, n]: one column of a tile
-          out[b, h, r // tile, :, pl.ds(r % tile, 1)] = new[b, h, :, pl.ds(j, 1)].astype(out.dtype)
-        else:
-          out[b, h, pl.ds(r, 1), :] = new[b, h, pl.ds(j, 1), :].astype(out.dtype)
 
-
-def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpret=None,
-               num_warps=None, flush_in_kernel: bool | None = None) -> KVCache:
+def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows], *, interpret=None,
+               num_warps=None, flush_in_kernel: bool | None = None,
+               quantize_in_kernel: bool = True) -> KVCache:
   """`kvjax.cache.scatter_writes` as one Pallas kernel (a `write_rows` for `cache.append`).
 
   With `flush_in_kernel` (default: `flush_in_kernel_default`, the GPU-checked formats) a
@@ -94,11 +128,20 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpr
   ones (prefill), XLA quantizes it (`cache.flush_rows`) and the kernel stores the rows. `num_warps`: default 1, or 4
   with an in-kernel flush (its ``[G, H]`` f32 tiles).
 
+  `QuantRows` (per-token FP8 / INT8 keys and values, `cache.writer_quantizes`) are quantized in
+  the kernel too (`_quantize_row`, bit-identical to `quant.quantize`), so a decode append is one
+  kernel and no XLA fusions; `quantize_in_kernel=False` quantizes them with XLA first (the
+  session-8 path: four small fusions before the kernel on the H200).
+
   Raises NotImplementedError where Triton cannot tile a row (its element count
   is not a power of two), so `dispatch.append` falls back to XLA scatters.
   """
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
+  quants = [w for w in writes if isinstance(w, QuantRows)]
+  if not quantize_in_kernel or any(w.new.shape[3] & (w.new.shape[3] - 1) for w in quants):
+    writes, quants = cache_lib.lower_quants(cache, writes), []  # quantized by XLA, stored as rows
+  writes = [w for w in writes if not isinstance(w, QuantRows)]
   flushes = [w for w in writes if isinstance(w, KeyFlush)]
   if len(flushes) > 1:
     raise NotImplementedError(f"pallas_gpu append: {len(flushes)} key flushes in one append")
@@ -109,7 +152,7 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpr
     cache, writes = cache_lib.lower_flushes(cache, writes)  # quantized by XLA, stored as rows
     fl = None
   writes = [w for w in writes if not isinstance(w, KeyFlush)]
-  if not writes and fl is None:
+  if not writes and not quants and fl is None:
     return cache
   names = [w.leaf for w in writes]
   if len(set(names)) != len(names):
@@ -128,6 +171,16 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpr
   news = [jnp.swapaxes(x, 2, 3) if t else x for x, t in zip(news, tiles)]
   pos = [jnp.asarray(w.pos, jnp.int32) for w in writes]
   n = len(writes)
+  q_leaves = [getattr(cache, w.role) for w in quants]
+  q_specs = tuple((qa.spec, qa.tile) for qa in q_leaves)
+  q_pos = [jnp.asarray(w.pos, jnp.int32) for w in quants]
+  q_raw = [jnp.swapaxes(w.new, 2, 3) if qa.tile else w.new for w, qa in zip(quants, q_leaves)]
+  for w, qa in zip(quants, q_leaves):
+    bq, kq, sq, hq = qa.codes.shape
+    names += [f"{w.role}.codes", f"{w.role}.scale"]
+    leaves += [qa.codes, qa.scale]
+    dsts += [qa.codes.reshape(bq, kq, sq // qa.tile, hq, qa.tile) if qa.tile else qa.codes,
+             qa.scale.reshape(bq, kq, sq, 1)]
   flush_in = []
   if fl is not None:
     spec, s_cap = cache.fmt.key, cache.capacity
@@ -139,8 +192,8 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpr
     flush_in = [jnp.asarray(fl.lengths, jnp.int32), jnp.asarray(fl.count, jnp.int32), fl.new]
   if num_warps is None:
     num_warps = 1 if fl is None else 4
-  n_in = 2 * n + len(flush_in)
-  kernel = functools.partial(_kernel, rows=rows, tiles=tiles, n_writes=n,
+  n_in = 2 * n + 2 * len(quants) + len(flush_in)
+  kernel = functools.partial(_kernel, rows=rows, tiles=tiles, n_writes=n, quants=q_specs,
                              fmt=cache.fmt if fl is not None else None, barrier=not interpret)
   out = pl.pallas_call(
       kernel, grid=(b, k),
@@ -148,7 +201,7 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush], *, interpr
       input_output_aliases={n_in + i: i for i in range(len(dsts))},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="kvjax_append_rows",
-  )(*pos, *news, *flush_in, *dsts)
+  )(*pos, *news, *q_pos, *q_raw, *flush_in, *dsts)
   return cache_lib.set_leaves(cache, {nm: o.reshape(a.shape) for nm, o, a in zip(names, out, leaves)})
 
 
