@@ -12,7 +12,9 @@ source "$(dirname "$0")/device_setup.sh"
 timeout 110 python3 benchmarks/decode_kernels.py --check --check-quick \
   --check-formats fp8_e4m3,fp8_e4m3_static,int8,kivi2_g128,bf16 --batches "" --peers "" --reps 3 --stream-gb 1 \
   --out $OUT/decode_s9_check.json > $OUT/check_log.txt 2>&1; echo "check rc=$?"
-timeout 190 python3 benchmarks/decode_kernels.py --batches 1,8,64 --contexts 1024,4096,32768,131072 \
+JAX_PLATFORMS=cuda timeout 80 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py \
+  -k "merge or one_wave or (append_equals and (fp8 or int8 or bf16))" > $OUT/pytest_log.txt 2>&1; echo "pytest rc=$?"
+timeout 170 python3 benchmarks/decode_kernels.py --batches 1,8,64 --contexts 1024,4096,32768,131072 \
   --formats fp8_e4m3,int8 --peers torch_sdpa,cudnn --step-batches 8 --reps 3 \
   --out $OUT/decode_s9_table.json > $OUT/table_log.txt 2>&1; echo "table rc=$?"
 timeout 90 python3 benchmarks/decode_kernels.py --batches "" --sweep fp8_e4m3 \
@@ -25,8 +27,6 @@ timeout 90 python3 benchmarks/decode_kernels.py --batches "" --sweep fp8_e4m3,in
   --peers "" --reps 3 --stream-gb 1 --out $OUT/decode_s9_long2.json > $OUT/long2_log.txt 2>&1; echo "long rc=$?"
 timeout 70 python3 benchmarks/profile_step.py --what attend,append,step --formats fp8_e4m3 --points 1:4096,8:1024,8:32768 \
   --out $OUT/profile_s9c.json > $OUT/profile_log.txt 2>&1; echo "profile rc=$?"
-JAX_PLATFORMS=cuda timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py \
-  -k "merge or one_wave or (append_equals and (fp8 or int8 or bf16))" > $OUT/pytest_log.txt 2>&1; echo "pytest rc=$?"
 rm -f $OUT/*.png
 grep -E "check" $OUT/check_log.txt | cut -c1-90
 grep -A14 "best bf16 peer" $OUT/table_log.txt | cut -c1-140
