@@ -38,7 +38,7 @@ def test_lowers_to_triton(fmt_name, opts):
   tile = opts.pop("value_tile", 0)
   q, c = test_base.make_case(fmt_name, [300, 5], num_kv_heads=2, rep=4, num_queries=1,
                              value_tile=tile)
-  modules = lowering_check.lower(q, c, **opts)
+  modules = lowering_check.lower(q, c, pallas_merge=True, **opts)
   assert len(modules) == 2  # the decode kernel, then the split merge (`merge.merge_states`)
   assert "kvjax_merge_splits" in modules[1] and "tt.dot" not in modules[1]
   ir = modules[0]
@@ -138,3 +138,15 @@ def test_append_flushes_in_kernel_by_default_only_where_gpu_checked(fmt_name, in
   k = jnp.zeros((2, 2, 1, 128), jnp.bfloat16)
   ir, = lowering_check.lower_append(c, k, k, jnp.asarray([1, 0], jnp.int32))
   assert ("gpu.barrier" in ir) == in_kernel
+
+
+@pytest.mark.parametrize("batch,kv_heads,merges", [(2, 2, False), (8, 8, True), (1, 8, False), (16, 4, True)])
+def test_merge_kernel_default_from_64_programs(batch, kv_heads, merges):
+  """On a GPU the one-kernel split merge is the default from 64 (sequence, KV head) pairs up;
+  below, XLA merges (session 9: the kernel's serial walk over splits loses at B=1)."""
+  from pallas_kernels.gpu import ops
+  q, c = test_base.make_case("fp8_e4m3", [300] * batch, num_kv_heads=kv_heads, rep=4, value_tile=64)
+  modules = lowering_check.lower(q, c)
+  assert (batch * kv_heads >= ops.PALLAS_MERGE_MIN_PROGRAMS) == merges
+  assert len(modules) == (2 if merges else 1)
+  assert any("kvjax_merge_splits" in m for m in modules) == merges

@@ -39,9 +39,18 @@ SHORT_BLOCKS = 8
 # 514 vs 508 (33); B=64 32k 4 splits 1005 vs 1017 (5), 1027 (8); B=1 32k 66 splits (one wave) best. Where
 # the whole cache is under TILED_SHORT blocks, half a wave (about 2 programs per SM, fewer programs with
 # more blocks each) wins: B=8 1k 4 splits 12.2 us vs 13.9 (8) and 14.6 (9, the old rule); B=8 2k 4 splits
-# 17.2 vs 19.0 (8); B=16 1k 3 splits 16.1, 2: 16.6, 4: 16.7. `tiled_splits` is that rule.
+# 17.2 vs 19.0 (8); B=16 1k 3 splits 16.1, 2: 16.6, 4: 16.7. `tiled_splits` is that rule, and at most
+# TILED_SHORT_SPLITS splits in that regime: B=1 4k 16 splits 13.0 us vs 14.5 for half a wave's 33,
+# B=1 8k 16.7 vs 17.1 (call 2, decode_s9_short2.json; the merge's cost grows with the splits).
 TILED_WAVE = 4 * NUM_SMS
 TILED_SHORT = 16 * NUM_SMS
+TILED_SHORT_SPLITS = 16
+# The one-kernel split merge (`merge.merge_states`, one program per (b, k) walking the splits) against
+# XLA's merge, same run (decode_s9_short2.json, decode_s9_long2.json): B=64 32k 997.7 vs 1017.3 us (int8
+# 1184 vs 1193); B=8 about even (1k 12.7 / 12.6, 2k 18.1 / 17.1, 4k 26.9 / 28.4, 32k 137.7 / 137.0, 128k
+# 516 / 508); B=1 slower (4k 14.5 / 13.4, 8k 17.0 / 15.4: 8 programs walk 33 splits one chunk after the
+# other). So it is the default from PALLAS_MERGE_MIN_PROGRAMS (sequences x KV heads) up.
+PALLAS_MERGE_MIN_PROGRAMS = 64
 # Variant sweep on the H200 (B=8, 32k, session 3, benchmarks/results/decode_parts/decode_s3.json):
 # 8-bit tensor-core q.k pays off for INT8 codes (241 -> 207 us) but not for FP8 e4m3, whose
 # fp8 -> fp16 upcast is native (208 -> 216 us); narrow p.v loses for both (222 / 268 us).
@@ -104,10 +113,12 @@ def quant_target(batch, kv_heads, num_blocks):
 
 
 def tiled_splits(batch, kv_heads, num_blocks):
-  """Splits for the tiled-value kernels: one wave of programs (TILED_WAVE), half a wave where the
-  cache has under TILED_SHORT blocks in all; at least one split, at most one per block."""
-  programs = TILED_WAVE if batch * kv_heads * num_blocks >= TILED_SHORT else TILED_WAVE // 2
-  return int(max(1, min(num_blocks, programs // (batch * kv_heads))))
+  """Splits for the tiled-value kernels: one wave of programs (TILED_WAVE); where the cache has under
+  TILED_SHORT blocks in all, half a wave and at most TILED_SHORT_SPLITS; at least one split, at most
+  one per block."""
+  if batch * kv_heads * num_blocks >= TILED_SHORT:
+    return int(max(1, min(num_blocks, TILED_WAVE // (batch * kv_heads))))
+  return int(max(1, min(num_blocks, TILED_SHORT_SPLITS, TILED_WAVE // 2 // (batch * kv_heads))))
 
 
 def _kind(spec, role):
@@ -269,8 +280,9 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`).
 
-  pallas_merge: merge the per-split states with the one-kernel `merge.merge_states` (None: on a
-  GPU, where it saves the XLA merge's launches) or with the XLA reference `decode.combine`."""
+  pallas_merge: merge the per-split states with the one-kernel `merge.merge_states` or with XLA
+  (`decode.combine`, the reference). None: the kernel on a GPU from PALLAS_MERGE_MIN_PROGRAMS
+  (sequences x KV heads) up, else XLA."""
   if window is not None and (int(window) != window or window < 1):
     raise ValueError(f"window must be a positive integer or None, got {window!r}")
   if cache.num_layers is not None:
@@ -307,7 +319,9 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
     kw["num_stages"] = QUANT_STAGES
   o, m, l = backend_call(qs, cache, plan, interpret=interpret, **kw)
   v_static = isinstance(fmt.value, FP8Spec) and fmt.value.static
-  if not interpret if pallas_merge is None else pallas_merge:
+  if pallas_merge is None:
+    pallas_merge = not interpret and bq * kh >= PALLAS_MERGE_MIN_PROGRAMS
+  if pallas_merge:
     out = merge.merge_states(o, m, l, rows, jnp.float32 if v_static else q.dtype, interpret=interpret)
     out = out[:, :, :rows]  # [B, K, R, H] -> [B, K, rows, H]; no copy where rows is a power of two
   else:
