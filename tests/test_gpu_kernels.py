@@ -249,7 +249,10 @@ KIVI_VARIANTS = [("kivi2", {"join_values": True, "tile_loop": False}),
                  ("kivi2", {"join_values": True}),
                  ("kivi2_g128", {"tile_loop": True, "join_values": True, "num_splits": 3}),
                  ("kivi2", {"prefetch": 1}), ("kivi2", {"prefetch": 2, "num_splits": 3}),
-                 ("kivi2_g128", {"prefetch": 1}), ("kivi4", {"prefetch": 2})]
+                 ("kivi2_g128", {"prefetch": 1}), ("kivi4", {"prefetch": 2}),
+                 ("kivi2", {"fold_value_scales": True}), ("kivi2_g128", {"fold_value_scales": True}),
+                 ("kivi4", {"fold_value_scales": True, "prefetch": 1, "num_splits": 3}),
+                 ("kivi2", {"fold_value_scales": True, "tile_loop": False})]
 
 
 @pytest.mark.parametrize("fmt_name,opts", KIVI_VARIANTS,
@@ -502,3 +505,11 @@ def test_tiled_caches_split_to_one_wave(b, ctx, want):
   assert ops.plan_for(c, 1, 4, num_splits=5).num_splits == 5
   c0 = cache_lib.init_cache(formats.preset("fp8_e4m3"), b, 8, ctx, 128, value_tile=0)
   assert ops.plan_for(c0, 1, 4).num_splits == ops.default_splits(b, 8, ctx // 64, ops.quant_target(b, 8, ctx // 64))
+
+
+def test_fold_value_scales_excludes_joined_values():
+  _, c = test_base.make_case("kivi2_g128", [5])
+  assert ops.plan_for(c, 1, 4, fold_value_scales=True).fold_value_scales
+  assert not ops.plan_for(c, 1, 4).fold_value_scales  # off until timed on the GPU
+  with pytest.raises(ValueError, match="fold_value_scales and join_values are exclusive"):
+    ops.plan_for(c, 1, 4, fold_value_scales=True, join_values=True)

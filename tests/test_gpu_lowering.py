@@ -26,6 +26,7 @@ VARIANTS = [(f, {}) for f in test_base.ALL_FORMATS] + [
     ("fp8_e4m3", {"prefetch": 1}), ("int4", {"prefetch": 2}), ("kivi2", {"prefetch": 1}),
     ("kivi4", {"prefetch": 2}),
     ("int4", {"packed_unpack": False}), ("kivi2", {"packed_unpack": False}), ("kivi4", {"packed_unpack": False}),
+    ("kivi2_g128", {"fold_value_scales": True}), ("kivi2", {"fold_value_scales": True, "prefetch": 1}),
     # value codes in tiles (`init_cache(value_tile=)`, the GPU default; the others here are token-major)
     ("fp8_e4m3", {"value_tile": 64}), ("int8", {"value_tile": 64}),
     ("int8", {"value_tile": 64, "narrow_pv": True}), ("fp8_e5m2", {"value_tile": 128}),

@@ -58,9 +58,10 @@ def _to_f16(c):
 
 
 def _u4_to_f16(c, offset):
-  """uint8 codes < 16 (or < 256 for KIVI-4 nibbles) -> fp16 ``code - offset`` via 0x6400."""
-  x = c.astype(jnp.uint16) | jnp.uint16(0x6400)
-  return lax.bitcast_convert_type(x, jnp.float16) - jnp.float16(1024 + offset)
+  """uint8 codes < 16 (or < 256 for KIVI-4 nibbles) -> fp16 ``code - offset`` via 0x6400
+  (offset -1024: the bit pattern as it is, 1024 + code)."""
+  x = lax.bitcast_convert_type(c.astype(jnp.uint16) | jnp.uint16(0x6400), jnp.float16)
+  return x if offset == -1024 else x - jnp.float16(1024 + offset)
 
 
 # Four bytes (4 elements of a row) per instance: shift the whole 32-bit word, mask two bytes' codes
@@ -87,6 +88,13 @@ def unpack_f16(c, shift, bits, offset, packed=False):
   mask = (1 << bits) - 1
   if not packed:
     return _u4_to_f16((c >> jnp.asarray(shift, jnp.uint8)) & mask, offset)
+  if offset == -1024:  # 1024 + code as unpacked: no subtraction
+    sh = jnp.broadcast_to(jnp.asarray(shift, jnp.uint8), c.shape)
+    (x,) = plgpu.elementwise_inline_asm(
+        _PACKED_UNPACK.replace("MASK", hex(mask | mask << 16)), args=[c, sh],
+        constraints="=r,=r,r,r", pack=4,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(c.shape, jnp.float16)])
+    return x
   sh = jnp.broadcast_to(jnp.asarray(shift, jnp.uint8), c.shape)
   (x,) = plgpu.elementwise_inline_asm(
       _PACKED_UNPACK.replace("MASK", hex(mask | mask << 16)), args=[c, sh],

@@ -54,6 +54,7 @@ class KiviPlan:
   tile_loop: bool = False    # loop over u-token tiles, not unrolled R-blocks (2.7x less Triton IR)
   prefetch: int = 0          # tile_loop: scale/zero rows and columns loaded this many tiles ahead
   packed_unpack: bool = False  # codes unpacked 4 bytes at a time by inline PTX (GPU only)
+  fold_value_scales: bool = False  # p * s . (1024 + code) + per-row correction: no per-element FMA
 
   @property
   def key_unit(self):  # tokens per key tile: one plane of a byte-row chunk, within one group
@@ -152,13 +153,38 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
       return ok if plan.window is None else ok & (pos > qpos - plan.window)
 
     def value_scale_zero(tu):
-      """{channel group: ([u, 1] scale, [u, 1] zero)} of tokens tu .. tu + u, stored dtype."""
+      """{channel group: ([u, 1] scale, [u, 1] zero)} of tokens tu .. tu + u, stored dtype ([u]
+      each with `fold_value_scales`: they scale the probabilities' columns)."""
+      if plan.fold_value_scales:
+        return {g: (vs_ref[pl.ds(tu, u), g], vz_ref[pl.ds(tu, u), g]) for g in value_groups}
       return {g: (vs_ref[pl.ds(tu, u), pl.ds(g, 1)], vz_ref[pl.ds(tu, u), pl.ds(g, 1)])
               for g in value_groups}
+
+    def folded_values(accs, p, tu, vsz=None):
+      """`values` with the per-token scale and zero folded into p (`fold_value_scales`): for a
+      tile of one channel group g, ``sum_t p_t (s_t c + z_t) = (p * s) . (1024 + c) + sum_t (p_t z_t
+      - 1024 (p s)_t)``, the codes used as unpacked (``0x6400 | c`` is fp16 1024 + c, exact; the
+      products are exact in the f32 accumulator), the correction one row sum per group."""
+      sz = value_scale_zero(tu) if vsz is None else vsz
+      p_g, corr = {}, {}
+      for g, (sc, zr) in sz.items():
+        ps = (p * sc.astype(jnp.float32)[None, :]).astype(jnp.float16)  # [M, u]
+        p_g[g] = ps
+        corr[g] = jnp.sum(p * zr.astype(jnp.float32)[None, :] - 1024.0 * ps.astype(jnp.float32),
+                          axis=1)[:, None]
+      for jc in range(n_vcols):
+        vb = v_ref[pl.ds(tu, u), pl.ds(jc * wv, wv)]  # [u, wv] uint8
+        for iv in range(nv):
+          g = (iv * cpp + jc * wv) // gv
+          raw = base.unpack_f16(vb, iv * plan.value_bits, plan.value_bits, -1024, plan.packed_unpack)
+          accs[iv * n_vcols + jc] = accs[iv * n_vcols + jc] + base._dot(p_g[g], raw) + corr[g]
+      return accs
 
     def values(accs, p, tu, vsz=None):
       """accs += p [M, u] times the dequantized values of tokens tu .. tu + u (vsz: their
       value_scale_zero, already loaded)."""
+      if plan.fold_value_scales:
+        return folded_values(accs, p, tu, vsz)
       p16 = p.astype(jnp.float16)
       sz = {g: tuple(x.astype(jnp.float16) for x in v)
             for g, v in (value_scale_zero(tu) if vsz is None else vsz).items()}

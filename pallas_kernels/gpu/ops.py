@@ -89,6 +89,10 @@ FLAT_WARPS = {"f8": 2, "i8": 2, "i4": 2}  # key kind of the per-token kernels ->
 # decode_parts/decode_s8_b8.json; session 7's decode_s7_value_t_tiled.json agrees). So four warps.
 TILED_WARPS = 4
 KIVI_WARPS = {32: 2}  # KIVI key group -> warps (others: 4)
+# KIVI values with the per-token scale folded into p and the zero into one row sum per group
+# (`KiviPlan.fold_value_scales`): no per-element scale FMA or offset subtraction in the p.v path.
+# Built in session 9 on the CPU; off until timed on the GPU.
+FOLD_VALUE_SCALES = False
 # The two-warp entries above were measured at head_dim 128. A program's registers per thread grow
 # with head_dim / warps: at head_dim 256 (Gemma-2-2B heads, B=24, 32k; session 6,
 # decode_parts/decode_gemma_s6.json) two warps ran FP8 at 874 us and four at 544 us (int8 637 -> 601),
@@ -149,7 +153,7 @@ def _narrow_ok(spec):
 
 def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, block=None,
              softcap=None, window=None, narrow_qk=None, narrow_pv=None, join_values=None,
-             tile_loop=None, prefetch=None, packed_unpack=None):
+             tile_loop=None, prefetch=None, packed_unpack=None, fold_value_scales=None):
   """The static kernel plan for `cache`, or NotImplementedError.
 
   narrow_qk / narrow_pv: run q.k / p.v as 8-bit tensor-core dots on the stored e4m3 or int8
@@ -190,13 +194,19 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
     if cache.k.block != r or (cache.v.block not in (0, h)):
       raise NotImplementedError("pallas_gpu: unexpected KIVI packing blocks")
     ns = num_splits or default_splits(b, kh, s // r, QUANT_TARGET)
-    join = (JOIN_VALUES if join_values is None else join_values) and plan.value_unit(h) == h * vs.bits // 8
+    fold = FOLD_VALUE_SCALES if fold_value_scales is None else fold_value_scales
+    if fold and join_values:
+      raise ValueError("fold_value_scales and join_values are exclusive (folding keeps one value "
+                       "tile per channel group)")
+    join = ((JOIN_VALUES if join_values is None else join_values) and not fold
+            and plan.value_unit(h) == h * vs.bits // 8)
     loop = TILE_LOOP if tile_loop is None else tile_loop
     return plan.__class__(**{**plan.__dict__, "num_splits": ns, "join_values": bool(join),
                              "tile_loop": bool(loop),
                              "prefetch": (int(KIVI_PREFETCH.get(ks.group_size, 0) if prefetch is None
                                               else prefetch) if loop else 0),
-                             "packed_unpack": bool(PACKED_UNPACK if packed_unpack is None else packed_unpack)})
+                             "packed_unpack": bool(PACKED_UNPACK if packed_unpack is None else packed_unpack),
+                             "fold_value_scales": bool(fold)})
   kk, vk = _kind(fmt.key, "key"), _kind(fmt.value, "value")
   if tile and (vk not in ("f8", "i8") or tile < 16 or tile & (tile - 1)):
     raise NotImplementedError(f"pallas_gpu: value codes in tiles of {tile} tokens ({fmt.value}; "
@@ -276,7 +286,8 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
                      interpret=None, num_splits=None, block=None, num_warps=None,
                      num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None,
-                     tile_loop=None, prefetch=None, packed_unpack=None, pallas_merge=None):
+                     tile_loop=None, prefetch=None, packed_unpack=None, pallas_merge=None,
+                     fold_value_scales=None):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`).
 
@@ -305,7 +316,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
     packed_unpack = False
   plan = plan_for(cache, t, rows, num_splits=num_splits, block=block, softcap=logit_softcap,
                   window=window, narrow_qk=narrow_qk, narrow_pv=narrow_pv, join_values=join_values,
-                  tile_loop=tile_loop, prefetch=prefetch, packed_unpack=packed_unpack)
+                  tile_loop=tile_loop, prefetch=prefetch, packed_unpack=packed_unpack,
+                  fold_value_scales=fold_value_scales)
   fmt = cache.fmt
   sm = h ** -0.5 if sm_scale is None else sm_scale
   qs = q.astype(jnp.float32).reshape(bq, kh, rows, h) * (sm if logit_softcap else sm * decode.LOG2E)
