@@ -80,8 +80,11 @@ def test_pallas_append_equals_xla_append(fmt_name):
   assert int(got.lengths[-1]) == 256
 
 
-def test_pallas_append_stacked_and_dispatch():
-  _, c = test_base.make_case("kivi2", [126, 127, 300])
+@pytest.mark.parametrize("fmt_name,tile", [("kivi2", 0), ("fp8_e4m3", 64), ("int8", 0)])
+def test_pallas_append_stacked_and_dispatch(fmt_name, tile):
+  """Stacked caches (the append vmapped over layers: the writer's pallas_call batched), the KIVI
+  flush and the in-kernel FP8 / INT8 quantization (`QuantRows`) included."""
+  _, c = test_base.make_case(fmt_name, [126, 127, 300], value_tile=tile)
   stacked = cache_lib.stack([c, c])
   k = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 2, 1, 128))
   _assert_same_bits(cache_lib.append(stacked, k, k),
