@@ -81,26 +81,20 @@ prmt.b32 $1, a, b, 0x7632;
 
 
 def unpack_f16(c, shift, bits, offset, packed=False):
-  """uint8 tile c -> fp16 ``((c >> shift) & (2**bits - 1)) - offset`` (shift: int or traced).
+  """uint8 tile c -> fp16 ``((c >> shift) & (2**bits - 1)) - offset`` (shift: int or traced; offset
+  -1024 leaves the unpacked ``1024 + code`` as it is).
 
   packed: the GPU-only inline-PTX path (`_PACKED_UNPACK`) working on 4 bytes per instruction
   sequence instead of byte by byte; interpret mode must use packed=False (the same values)."""
   mask = (1 << bits) - 1
   if not packed:
     return _u4_to_f16((c >> jnp.asarray(shift, jnp.uint8)) & mask, offset)
-  if offset == -1024:  # 1024 + code as unpacked: no subtraction
-    sh = jnp.broadcast_to(jnp.asarray(shift, jnp.uint8), c.shape)
-    (x,) = plgpu.elementwise_inline_asm(
-        _PACKED_UNPACK.replace("MASK", hex(mask | mask << 16)), args=[c, sh],
-        constraints="=r,=r,r,r", pack=4,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(c.shape, jnp.float16)])
-    return x
   sh = jnp.broadcast_to(jnp.asarray(shift, jnp.uint8), c.shape)
   (x,) = plgpu.elementwise_inline_asm(
       _PACKED_UNPACK.replace("MASK", hex(mask | mask << 16)), args=[c, sh],
       constraints="=r,=r,r,r", pack=4,
       result_shape_dtypes=[jax.ShapeDtypeStruct(c.shape, jnp.float16)])
-  return x - jnp.float16(1024 + offset)
+  return x if offset == -1024 else x - jnp.float16(1024 + offset)  # -1024: 1024 + code as unpacked
 
 
 @dataclasses.dataclass(frozen=True)
