@@ -46,7 +46,7 @@ from jaxtyping import Array, Float, Int
 from kvjax import quant
 from kvjax.formats import FP8Spec, IntSpec, KIVISpec, KVFormat, Passthrough, QuantSpec
 from kvjax.quant import QArray
-from kvjax.rows import (KeyFlush, QuantRows, RowWrite, _per_token_writes, flush_rows,  # noqa: F401
+from kvjax.rows import (KeyFlush, QuantRows, RowWrite, per_token_writes, flush_rows,  # noqa: F401
                         get_leaf, lower_flushes, lower_quants, scatter_writes, set_leaves, writer_quantizes)
 
 __all__ = ["KVCache", "RowWrite", "KeyFlush", "QuantRows", "init_cache", "append", "scatter_writes", "flush_rows", "prefill",
@@ -302,7 +302,7 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
   if fmt.is_kivi:  # quantized from exactly what the residual stores
     k = _round_to(k, fmt.residual_dtype)
     v = _round_to(v, fmt.residual_dtype)
-  writes = _per_token_writes(cache.v, v, pos, "v")
+  writes = per_token_writes(cache.v, v, pos, "v")
   if fmt.is_kivi:
     r_len = fmt.residual
     end = lengths + count
@@ -311,7 +311,7 @@ def append(cache: KVCache, k: Float[Array, "B K T H"], v: Float[Array, "B K T H"
     writes.append(RowWrite("v_res", cache.v_res.shape, v, slot))
     writes.append(KeyFlush(k, count, lengths))
   else:
-    writes += _per_token_writes(cache.k, k, pos, "k")
+    writes += per_token_writes(cache.k, k, pos, "k")
   if fmt.sink:
     slot = jnp.where(valid & (pos < fmt.sink), pos, fmt.sink)  # others dropped
     writes += [RowWrite("k_sink", cache.k_sink.shape, k, slot),

@@ -149,6 +149,14 @@ def fp8_div(x: Array, s: Array, spec: FP8Spec) -> Array:
   return lax.bitcast_convert_type(u | sign, f8)
 
 
+def exact_rounding(spec: QuantSpec) -> bool:
+  """Whether `quantize` rounds `spec`'s codes exactly whatever the backend's division does: per-token
+  FP8 and integer specs with 16-bit scales (`fp8_div`, `div_round`); f32 or static FP8 scales divide."""
+  if isinstance(spec, FP8Spec) and spec.static:
+    return False
+  return isinstance(spec, (FP8Spec, IntSpec, KIVISpec)) and jnp.dtype(spec.scale_dtype).itemsize == 2
+
+
 def compute_scale(x: Float[Array, "... S H"], spec: QuantSpec) -> tuple[Array | None, Array | None]:
   """Dynamic scale (and zero) of `x` for `spec`, as stored (rounded to its scale_dtype).
 
@@ -224,7 +232,7 @@ def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None
       s = jnp.asarray(scale, jnp.float32)
     else:
       s, _ = compute_scale(xf, spec)
-    if spec.static or jnp.dtype(spec.scale_dtype).itemsize > 2:  # f32 scales: not exact, divide
+    if not exact_rounding(spec):  # static or f32 scales: divide
       q = jnp.clip(xf / s.astype(jnp.float32), -spec.max, spec.max).astype(FP8_DTYPES[spec.dtype])
     else:
       q = fp8_div(xf, s.astype(jnp.float32), spec)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
   from kvjax.cache import KVCache
 
 __all__ = ["RowWrite", "QuantRows", "KeyFlush", "scatter_writes", "lower_quants", "lower_flushes",
-           "flush_rows", "writer_quantizes", "get_leaf", "set_leaves"]
+           "flush_rows", "writer_quantizes", "per_token_writes", "get_leaf", "set_leaves"]
 
 
 def _scatter_tokens(dst: Array, new: Array, pos: Array) -> Array:
@@ -121,7 +121,7 @@ def writer_quantizes(q: QArray) -> bool:
   INT8 with 16-bit per-token scales, whose rounding (`quant.fp8_div`, `quant.div_round`) is exact."""
   spec = q.spec
   per_token = (isinstance(spec, FP8Spec) and not spec.static) or (isinstance(spec, IntSpec) and spec.bits == 8)
-  return per_token and jnp.dtype(spec.scale_dtype).itemsize == 2
+  return per_token and quant.exact_rounding(spec)
 
 
 def lower_quants(cache: "KVCache", writes: Sequence) -> list:
@@ -136,7 +136,9 @@ def lower_quants(cache: "KVCache", writes: Sequence) -> list:
   return out
 
 
-def _per_token_writes(old: QArray, x: Array, pos: Array, role: str) -> list:
+def per_token_writes(old: QArray, x: Array, pos: Array, role: str) -> list:
+  """An append's writes of raw per-token rows x [B, K, n, H] into `old` (the cache's k or v): a
+  `QuantRows` where the writer may quantize (`writer_quantizes`), else the quantized rows."""
   if writer_quantizes(old):
     return [QuantRows(role, x, pos)]
   return _write_per_token(old, quant.quantize(x, old.spec, scale=old.scale, block=old.block or None), pos, role)
