@@ -59,11 +59,12 @@ VARIANTS = {"fp8_e4m3": TILED + TOKEN_MAJOR,
             "int8": TILED + TOKEN_MAJOR + (dict(narrow_pv=True), dict(narrow_qk=False)),
             "int4": (dict(num_warps=2), dict(packed_unpack=False)),
             "kivi2": (dict(num_warps=4), dict(packed_unpack=False)),
-            "kivi2_g128": (dict(packed_unpack=False), dict(fold_value_scales=True)),
+            "kivi2_g128": (dict(packed_unpack=False), dict(fold_value_scales=False)),
             "kivi4": (dict(num_warps=4), dict(packed_unpack=False))}
 # fold_value_scales (session 9, CPU-compiled SASS, /tmp run of kernel_sass.py, NOTES_gpu.md): G=128 loop
 # 675 -> 628 instructions, G=32 1032 -> 1342 (four groups: four scaled p tiles and row sums), so only
-# kivi2_g128 carries it into the GPU check and sweep.
+# kivi2_g128 carried it into the GPU check and sweep; session 10 timed it (321.5 vs 342.7 us) and made it
+# kivi2_g128's default, so the variant is now the unfolded kernel.
 # ^ kernel options checked (--check) and swept (--sweep) beside the defaults. Session 3's
 # variants (narrow dots, joined values, tile loop) are measured and settled: decode_parts/decode_s3.json
 

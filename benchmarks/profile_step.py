@@ -129,6 +129,7 @@ def main(argv=None):
   ap.add_argument("--process", default="GPU", help="trace process to read (GPU; CPU for smoke tests)")
   ap.add_argument("--thread", default="Stream", help="trace threads to read ('' = all; GPU kernels: Stream)")
   ap.add_argument("--top", type=int, default=6, help="kernels printed per point")
+  ap.add_argument("--options", default="{}", help="JSON kernel options (ops.decode_attention keywords)")
   ap.add_argument("--out", default="benchmarks/results/decode_parts/profile.json")
   args = ap.parse_args(argv)
   rows = []
@@ -136,7 +137,8 @@ def main(argv=None):
     for f in filter(None, args.formats.split(",")):
       for p in filter(None, args.points.split(",")):
         b, ctx = map(int, p.split(":"))
-        r = profile_point(f, b, ctx, args.steps, args.process, args.thread, what=w)
+        r = profile_point(f, b, ctx, args.steps, args.process, args.thread, what=w,
+                          opts=json.loads(args.options) or None)
         rows.append(r)
         top = ", ".join(f"{n[:40]} {v['us']:.1f}" for n, v in list(r["kernels"].items())[:args.top])
         print(f"{w:6s} {f:10s} B={b:<3d} ctx={ctx:<6d} span {r['span_us']:7.1f} us  "

@@ -456,6 +456,8 @@ def test_flush_helpers_match_quant():
 def test_fold_value_scales_excludes_joined_values():
   _, c = test_base.make_case("kivi2_g128", [5])
   assert ops.plan_for(c, 1, 4, fold_value_scales=True).fold_value_scales
-  assert not ops.plan_for(c, 1, 4).fold_value_scales  # off until timed on the GPU
+  assert ops.plan_for(c, 1, 4).fold_value_scales  # the default at G=128 (timed on the H200)
+  assert not ops.plan_for(c, 1, 4, join_values=True).fold_value_scales  # joining asked for: no fold
+  assert not ops.plan_for(test_base.make_case("kivi2", [5])[1], 1, 4).fold_value_scales  # G=32
   with pytest.raises(ValueError, match="fold_value_scales and join_values are exclusive"):
     ops.plan_for(c, 1, 4, fold_value_scales=True, join_values=True)

@@ -39,6 +39,18 @@ def test_merge_states_checks_its_inputs():
   with pytest.raises(ValueError, match=r"m and l must be \[B, K, NS, M\] = \(1, 2, 3, 16\), got \(1, 2, 3, 8\)"):
     merge.merge_states(o, m[..., :8], m, 4, jnp.float32, interpret=True)
   assert [merge.out_rows(r) for r in (1, 2, 3, 4, 5, 12, 16)] == [1, 2, 4, 4, 8, 16, 16]
+  with pytest.raises(ValueError, match=r"cols must be a power of two dividing the head dim 32, got 24"):
+    merge.merge_states(o, m, m, 4, jnp.float32, interpret=True, cols=24)
+
+
+def test_merge_grid_rules():
+  """Columns narrow until ~TARGET_PROGRAMS programs (not below MIN_COLS); o is loaded in one piece
+  when [NS', R, cols] fits LOAD_ELEMS, else in power-of-two chunks of splits."""
+  assert [merge.merge_cols(b, 8, 128) for b in (1, 2, 8, 16, 64)] == [16, 16, 64, 128, 128]
+  assert merge.merge_cols(1, 1, 64) == 16 and merge.merge_cols(1, 4, 256) == 16
+  assert merge.chunk_splits(8, 4, 128) == 8 and merge.chunk_splits(9, 4, 64) == 16
+  assert merge.chunk_splits(33, 4, 128) == 8 and merge.chunk_splits(33, 12, 16) == 16
+  assert merge.chunk_splits(1, 32, 256) == 1 and merge.chunk_splits(5, 32, 256) == 1
 
 
 MERGE_CASES = [("fp8_e4m3", 1, 4), ("kivi2", 3, 4), ("fp8_e4m3_static", 1, 4), ("bf16", 3, 1)]

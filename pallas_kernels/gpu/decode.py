@@ -39,7 +39,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["FlatPlan", "flat_decode", "combine", "split_states_call", "seq_spec"]
+__all__ = ["FlatPlan", "flat_decode", "combine", "split_states_call", "seq_spec", "padded_rows",
+           "load_q", "q_spec"]
 
 NEG = -1e30
 LOG2E = 1.4426950408889634
@@ -116,6 +117,7 @@ class FlatPlan:
   prefetch: int = 0  # per-token scales loaded this many blocks ahead (carried through the loop)
   packed_unpack: bool = False  # INT4 nibbles unpacked 4 bytes at a time by inline PTX (GPU only)
   value_t: bool = False  # value codes in tiles of `block` tokens ([H, block] each, QArray.tile): k-pairs adjacent
+  q_scale: float = 1.0  # the query is multiplied by this in the kernel (softmax scale, log2 e)
 
 
 def _two_term(x, dtype):
@@ -175,6 +177,32 @@ def _visible(pos, qpos, window):
   return ok if window is None else ok & (pos > qpos - window)
 
 
+def padded_rows(rows: int) -> int:
+  """M: the query rows a program computes, rows padded to a power of two >= 16 (the tensor cores'
+  smallest M); the padding rows are zero queries whose states are never stored."""
+  return 1 << max(4, (rows - 1).bit_length())
+
+
+def q_spec(m_rows: int, h: int):
+  """The query's block: its [rows, H] slab of q [B, K, rows, H], as an [M, H] block (M >= rows; the
+  kernel masks rows >= rows, so nothing past the array is read)."""
+  return pl.BlockSpec((None, None, m_rows, h), lambda b_, k, s: (b_, k, 0, 0))
+
+
+def load_q(q_ref, rows: int, q_scale: float, cols=None):
+  """The [M, H] (or [M, cols]) query block in f32 times q_scale, rows >= `rows` zero: the padding
+  and the scaling are done here so the call has no XLA query fusions (a launch each)."""
+  m_rows = q_ref.shape[0]
+  idx = (pl.ds(0, m_rows),) + ((slice(None),) if cols is None else (cols,))
+  if rows < m_rows:
+    ok = lax.broadcasted_iota(jnp.int32, (m_rows, 1), 0) < rows
+    q = plgpu.load(q_ref.at[idx], mask=ok, other=0)
+  else:
+    q = q_ref[idx]
+  q = q.astype(jnp.float32)
+  return q if q_scale == 1.0 else q * q_scale
+
+
 def _store_state(o_ref, m_ref, l_ref, acc_parts, m, l, rows):
   """acc_parts: list of (column offset, [M, w] f32)."""
   m_rows = m.shape[0]
@@ -195,14 +223,15 @@ def _flat_kernel(len_ref, q_ref, k_ref, v_ref, *refs, plan: FlatPlan):
   length = len_ref[...]
   split = pl.program_id(2)
   qpos = _row_qpos(length, m_rows, plan.num_queries)
-  qf = q_ref[...]
+  qf = load_q(q_ref, plan.rows, plan.q_scale)
   half = h // 2
   if plan.key_kind == "bf16":
     qk = (qf.astype(jnp.bfloat16),)
   elif plan.narrow_qk:
     qk = _two_term(qf, k_ref.dtype)
   elif plan.key_kind == "i4":
-    qk = (q_ref[:, pl.ds(0, half)].astype(jnp.float16), q_ref[:, pl.ds(half, half)].astype(jnp.float16))
+    qk = tuple(load_q(q_ref, plan.rows, plan.q_scale, pl.ds(c, half)).astype(jnp.float16)
+               for c in (0, half))
   else:
     qk = (qf.astype(jnp.float16),)
   tok = lax.broadcasted_iota(jnp.int32, (1, bs), 1)
@@ -303,15 +332,19 @@ def seq_spec(shape):
 
 def flat_decode(q, lengths, k_codes, v_codes, k_scale, v_scale, *, plan: FlatPlan,
                 num_warps=4, num_stages=2, interpret=False):
-  """q [B, K, M, H] f32 (pre-scaled); codes [B, K, S, H or H/2]; scales [B, K, S] or None.
+  """q [B, K, rows, H] (any float dtype; the kernel scales it by plan.q_scale and pads it to M =
+  padded_rows(rows) rows); codes [B, K, S, H or H/2]; scales [B, K, S] or None.
 
   Returns per-split (o [B, K, NS, M, H], m, l).
   """
-  b, kh, m_rows, h = q.shape
+  b, kh, rows, h = q.shape
+  m_rows = padded_rows(plan.rows)
+  if rows != plan.rows:
+    raise ValueError(f"q must have plan.rows = {plan.rows} rows per KV head, got {rows} (q {q.shape})")
   ns = plan.num_splits
   args = [lengths, q, k_codes, v_codes]
   specs = [pl.BlockSpec((None,), lambda b_, k, s: (b_,)),
-           pl.BlockSpec((None, None, m_rows, h), lambda b_, k, s: (b_, k, 0, 0)),
+           q_spec(m_rows, h),
            seq_spec(k_codes.shape), seq_spec(v_codes.shape)]
   for sc in (k_scale, v_scale):
     if sc is not None:

@@ -55,6 +55,7 @@ class KiviPlan:
   prefetch: int = 0          # tile_loop: scale/zero rows and columns loaded this many tiles ahead
   packed_unpack: bool = False  # codes unpacked 4 bytes at a time by inline PTX (GPU only)
   fold_value_scales: bool = False  # p * s . (1024 + code) + per-row correction: no per-element FMA
+  q_scale: float = 1.0  # the query is multiplied by this in the kernel (softmax scale, log2 e)
 
   @property
   def key_unit(self):  # tokens per key tile: one plane of a byte-row chunk, within one group
@@ -127,7 +128,7 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
   length = len_ref[...]
   split = pl.program_id(2)
   ns = plan.num_splits
-  qf = q_ref[...]
+  qf = base.load_q(q_ref, plan.rows, plan.q_scale)
   q16 = qf.astype(jnp.float16)
   qpos = base._row_qpos(length, m_rows, plan.num_queries)
   tok = lax.broadcasted_iota(jnp.int32, (1, u), 1)
@@ -305,12 +306,16 @@ def _kivi_kernel(len_ref, q_ref, k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref, k
 
 def kivi_decode(q, lengths, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_res, v_res, *,
                 plan: KiviPlan, num_warps=4, num_stages=2, interpret=False):
-  """KIVI decode: per-split states (o, m, l) with NS + 1 splits (the last: residual window)."""
-  b, kh, m_rows, h = q.shape
+  """KIVI decode of q [B, K, rows, H] (scaled by plan.q_scale and padded in the kernel, as in
+  `decode.flat_decode`): per-split states (o, m, l) with NS + 1 splits (the last: residual window)."""
+  b, kh, rows, h = q.shape
+  m_rows = base.padded_rows(plan.rows)
+  if rows != plan.rows:
+    raise ValueError(f"q must have plan.rows = {plan.rows} rows per KV head, got {rows} (q {q.shape})")
   ns = plan.num_splits + 1
   args = [lengths, q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_res, v_res]
   specs = ([pl.BlockSpec((None,), lambda b_, k, s: (b_,)),
-            pl.BlockSpec((None, None, m_rows, h), lambda b_, k, s: (b_, k, 0, 0))]
+            base.q_spec(m_rows, h)]
            + [base.seq_spec(a.shape) for a in args[2:]])
   return base.split_states_call(functools.partial(_kivi_kernel, plan=plan), args, specs,
                             (b, kh, ns, m_rows, h), num_warps, num_stages, interpret,

@@ -8,7 +8,9 @@ configurations the kernels do not tile, so dispatch falls back to XLA.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -45,12 +47,24 @@ SHORT_BLOCKS = 8
 TILED_WAVE = 4 * NUM_SMS
 TILED_SHORT = 16 * NUM_SMS
 TILED_SHORT_SPLITS = 16
-# The one-kernel split merge (`merge.merge_states`, one program per (b, k) walking the splits) against
-# XLA's merge, same run (decode_s9_short2.json, decode_s9_long2.json): B=64 32k 997.7 vs 1017.3 us (int8
-# 1184 vs 1193); B=8 about even (1k 12.7 / 12.6, 2k 18.1 / 17.1, 4k 26.9 / 28.4, 32k 137.7 / 137.0, 128k
-# 516 / 508); B=1 slower (4k 14.5 / 13.4, 8k 17.0 / 15.4: 8 programs walk 33 splits one chunk after the
-# other). So it is the default from PALLAS_MERGE_MIN_PROGRAMS (sequences x KV heads) up.
-PALLAS_MERGE_MIN_PROGRAMS = 64
+# The split merge: the one-kernel `merge.merge_states` or XLA's (`decode.combine`, 3-4 small fusions).
+# Session 9's kernel (one program per (b, k) walking the splits) lost at B=1 (4k 14.5 vs 13.4 us). Session
+# 10's (one program per (b, k, column block), every split loaded at once) against XLA, same run, fp8 / int8
+# (decode_parts/decode_s10_merge.json): B=1 1k 6.4 / 7.7 vs 7.8 / 7.8 us, 4k 11.5 / 12.2 vs 11.8 / 12.6,
+# 8k 15.0 / 15.9 vs 15.5 / 17.0, 32k 27.6 / 30.0 vs 29.0 / 31.2; B=8 4k 26.4 / 28.6 vs 26.8 / 29.2, 32k
+# 137.8 / 161.3 vs 140.5 / 159.9; but B=8 1k (4 splits) 12.4 / 13.1 vs 11.6 / 12.0. Call 3
+# (decode_s10_sweep3.json): B=8 1k again 12.5 vs 11.6; B=64 4k (1 split) 135.0 vs 133.9 (even), B=64 32k
+# (1 split) 1046.9 vs 1129.9 (session 9: 997.7 vs 1017.3). So XLA merges only where there are many (b, k)
+# pairs (>= XLA_MERGE_MIN_PROGRAMS) with 2 to XLA_MERGE_MAX_SPLITS splits each.
+XLA_MERGE_MIN_PROGRAMS = 64
+XLA_MERGE_MAX_SPLITS = 4
+
+
+def merge_in_kernel(batch: int, kv_heads: int, splits: int) -> bool:
+  """Default merge on a GPU: the kernel, but XLA's for many (b, k) pairs with 2-4 splits each."""
+  return not (batch * kv_heads >= XLA_MERGE_MIN_PROGRAMS and 2 <= splits <= XLA_MERGE_MAX_SPLITS)
+
+
 # Variant sweep on the H200 (B=8, 32k, session 3, benchmarks/results/decode_parts/decode_s3.json):
 # 8-bit tensor-core q.k pays off for INT8 codes (241 -> 207 us) but not for FP8 e4m3, whose
 # fp8 -> fp16 upcast is native (208 -> 216 us); narrow p.v loses for both (222 / 268 us).
@@ -91,8 +105,10 @@ TILED_WARPS = 4
 KIVI_WARPS = {32: 2}  # KIVI key group -> warps (others: 4)
 # KIVI values with the per-token scale folded into p and the zero into one row sum per group
 # (`KiviPlan.fold_value_scales`): no per-element scale FMA or offset subtraction in the p.v path.
-# Built in session 9 on the CPU; off until timed on the GPU.
-FOLD_VALUE_SCALES = False
+# Timed in session 10 (H200, B=8 32k, decode_parts/decode_s10_check.json): kivi2_g128 321.5 us folded vs
+# 342.7 (session 9's CPU-compiled loop 675 -> 628 instructions). For G=32 (four value groups per token)
+# the compiled loop grows (1032 -> 1342), so it stays off there. Value group -> fold.
+FOLD_VALUE_SCALES = {128: True}
 # The two-warp entries above were measured at head_dim 128. A program's registers per thread grow
 # with head_dim / warps: at head_dim 256 (Gemma-2-2B heads, B=24, 32k; session 6,
 # decode_parts/decode_gemma_s6.json) two warps ran FP8 at 874 us and four at 544 us (int8 637 -> 601),
@@ -194,7 +210,10 @@ def plan_for(cache: KVCache, num_queries: int, rows: int, *, num_splits=None, bl
     if cache.k.block != r or (cache.v.block not in (0, h)):
       raise NotImplementedError("pallas_gpu: unexpected KIVI packing blocks")
     ns = num_splits or default_splits(b, kh, s // r, QUANT_TARGET)
-    fold = FOLD_VALUE_SCALES if fold_value_scales is None else fold_value_scales
+    if fold_value_scales is None:  # the default yields to joined values asked for
+      fold = FOLD_VALUE_SCALES.get(vs.group_size, False) and not join_values
+    else:
+      fold = fold_value_scales
     if fold and join_values:
       raise ValueError("fold_value_scales and join_values are exclusive (folding keeps one value "
                        "tile per channel group)")
@@ -292,8 +311,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   `kvjax.attention.decode_attention`).
 
   pallas_merge: merge the per-split states with the one-kernel `merge.merge_states` or with XLA
-  (`decode.combine`, the reference). None: the kernel on a GPU from PALLAS_MERGE_MIN_PROGRAMS
-  (sequences x KV heads) up, else XLA."""
+  (`decode.combine`, the reference). None: on a GPU `merge_in_kernel`, else XLA."""
   if window is not None and (int(window) != window or window < 1):
     raise ValueError(f"window must be a positive integer or None, got {window!r}")
   if cache.num_layers is not None:
@@ -309,7 +327,6 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   rows = rep * t
   if rows > MAX_ROWS:
     raise NotImplementedError(f"pallas_gpu: {rows} query rows per KV head > {MAX_ROWS}")
-  m_rows = _pow2_at_least(rows, 16)
   if interpret and packed_unpack:
     raise ValueError("packed_unpack=True runs inline PTX, which has no interpret mode (needs a GPU)")
   if interpret:
@@ -320,10 +337,15 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
                   fold_value_scales=fold_value_scales)
   fmt = cache.fmt
   sm = h ** -0.5 if sm_scale is None else sm_scale
-  qs = q.astype(jnp.float32).reshape(bq, kh, rows, h) * (sm if logit_softcap else sm * decode.LOG2E)
-  if isinstance(fmt.key, FP8Spec) and fmt.key.static:
-    qs = qs * jnp.asarray(cache.k.scale, jnp.float32)  # [1|B, K|1, 1, H|1] broadcasts
-  qs = jnp.pad(qs, ((0, 0), (0, 0), (0, m_rows - rows), (0, 0)))
+  q_scale = sm if logit_softcap else sm * decode.LOG2E
+  qs = q.reshape(bq, kh, rows, h)  # free: [B, N, T, H] with N = K * rep
+  static_k = isinstance(fmt.key, FP8Spec) and fmt.key.static
+  if static_k or not isinstance(q_scale, numbers.Real):  # an array scale: applied by XLA
+    qs = qs.astype(jnp.float32) * q_scale
+    if static_k:
+      qs = qs * jnp.asarray(cache.k.scale, jnp.float32)  # [1|B, K|1, 1, H|1] broadcasts
+    q_scale = 1.0
+  plan = dataclasses.replace(plan, q_scale=float(q_scale))  # else the kernel scales (and pads) q
   kw = {"num_warps": default_warps(plan, h) if num_warps is None else num_warps}
   if num_stages is not None:
     kw["num_stages"] = num_stages
@@ -332,7 +354,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   o, m, l = backend_call(qs, cache, plan, interpret=interpret, **kw)
   v_static = isinstance(fmt.value, FP8Spec) and fmt.value.static
   if pallas_merge is None:
-    pallas_merge = not interpret and bq * kh >= PALLAS_MERGE_MIN_PROGRAMS
+    pallas_merge = not interpret and merge_in_kernel(bq, kh, o.shape[2])
   if pallas_merge:
     out = merge.merge_states(o, m, l, rows, jnp.float32 if v_static else q.dtype, interpret=interpret)
     out = out[:, :, :rows]  # [B, K, R, H] -> [B, K, rows, H]; no copy where rows is a power of two
