@@ -44,7 +44,7 @@ from jax.experimental import checkify
 from jaxtyping import Array, Float, Int
 
 from kvjax import quant
-from kvjax.formats import FP8Spec, IntSpec, KIVISpec, KVFormat, Passthrough, QuantSpec
+from kvjax.formats import FP8Spec, IntSpec, KIVISpec, KVFormat, QuantSpec
 from kvjax.quant import QArray
 from kvjax.rows import (KeyFlush, QuantRows, RowWrite, per_token_writes, flush_rows,  # noqa: F401
                         get_leaf, lower_flushes, lower_quants, scatter_writes, set_leaves, writer_quantizes)
