@@ -1,0 +1,91 @@
+"""The experimental Mosaic GPU KIVI-2 kernel (`pallas_kernels.gpu.mosaic_kivi`): its split states equal
+the jnp reference in Mosaic GPU's CPU interpreter (ragged lengths, an empty sequence, a split past the
+length), its packing puts plane m at bits 2m, bad shapes are refused, and it lowers for CUDA where the
+CUDA plugin (which holds Mosaic GPU's lowering) is installed."""
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import test_base
+from pallas_kernels.gpu import mosaic_kivi as mk
+
+
+def _case(b=2, kh=2, s=512, lengths=(512, 200), seed=0):
+  rng = np.random.default_rng(seed)
+  kcodes = rng.integers(0, 4, (b, kh, s, 128)).astype(np.uint8)
+  vcodes = rng.integers(0, 4, (b, kh, s, 128)).astype(np.uint8)
+  ks = rng.uniform(0.05, 0.2, (b, kh, s // mk.TILE, 128)).astype(np.float16)
+  kz = rng.normal(0, 0.2, (b, kh, s // mk.TILE, 128)).astype(np.float16)
+  vs = rng.uniform(0.05, 0.2, (b, kh, s)).astype(np.float16)
+  vz = rng.normal(0, 0.2, (b, kh, s)).astype(np.float16)
+  q_t = (rng.normal(size=(b, kh, 128, mk.ROWS)) * 0.3).astype(np.float32)
+  return tuple(map(jnp.asarray, (q_t, np.asarray(lengths, np.int32), kcodes, ks, kz, vcodes, vs, vz)))
+
+
+def test_packing_puts_plane_m_at_bits_2m():
+  codes = jnp.asarray(np.random.default_rng(1).integers(0, 4, (1, 1, 256, 128)), jnp.uint8)
+  kw, vw = np.asarray(mk.pack_keys(codes)), np.asarray(mk.pack_values(codes))
+  c = np.asarray(codes)
+  assert kw.shape == (1, 1, 256, 16) and vw.shape == (1, 1, 2, 128, 16) and kw.dtype == np.uint16
+  for m in range(8):
+    np.testing.assert_array_equal((kw >> (2 * m)) & 3, c[..., 16 * m:16 * m + 16])
+    # value tile i, channel d, word j: token 128 i + j + 16 m
+    np.testing.assert_array_equal(((vw[0, 0, 1] >> (2 * m)) & 3).T, c[0, 0, 128 + 16 * m:128 + 16 * m + 16])
+
+
+@pytest.mark.parametrize("lengths,splits", [((512, 200), 2), ((0, 129), 4), ((384, 1), 1)])
+def test_states_match_reference_in_the_interpreter(lengths, splits):
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
+  out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz,
+                        num_splits=splits, interpret=True)
+  ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=splits)
+  o, m, l = map(np.asarray, out)
+  ro, rm, rl = map(np.asarray, ref)
+  seen = rl > 0
+  assert np.array_equal(l > 0, seen)  # splits past a sequence's length saw nothing
+  np.testing.assert_allclose(m[seen], rm[seen], atol=2e-3)
+  assert test_base.relative_error(l, rl) < 2e-3
+  assert test_base.relative_error(o, ro) < 2e-3  # fp16 q * s and p * s, as the Triton kernels
+  assert np.abs(o[~seen.any(-1)]).max(initial=0.0) == 0.0
+
+
+def test_bad_shapes_are_refused():
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case()
+  args = (ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
+  with pytest.raises(ValueError, match=r"q_t must be \[B, K, 128, 16\], got \(2, 2, 128, 8\)"):
+    mk.kivi2_states(q_t[..., :8], *args, num_splits=1, interpret=True)
+  with pytest.raises(ValueError, match=r"capacity 512 must be a multiple of 128 x num_splits \(3\)"):
+    mk.kivi2_states(q_t, *args, num_splits=3, interpret=True)
+  with pytest.raises(ValueError, match=r"vs must be \(2, 2, 512\), got \(2, 2, 256\)"):
+    mk.kivi2_states(q_t, *args[:5], vs[..., :256], vz, num_splits=1, interpret=True)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
+                    reason="Mosaic GPU's CUDA lowering needs jax-cuda12-plugin")
+def test_lowers_for_cuda_with_registers_as_the_a_operand():
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case()
+  fn = jax.jit(lambda *a: mk.kivi2_states(*a, num_splits=2))
+  text = fn.trace(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "kvjax_mosaic_kivi2" in text
+
+
+def test_bench_script_checks_and_times_in_the_interpreter(tmp_path, monkeypatch):
+  """`benchmarks/mosaic_kivi_bench.py` end to end on the CPU (interpreter): the check passes and a
+  timed row per split count lands in its JSON."""
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  import mosaic_kivi_bench as bench
+  monkeypatch.setattr(bench.dk, "steps_for", lambda us: 1)  # one interpreted step, one cache copy
+  monkeypatch.setattr(bench.dk, "n_sets", lambda nbytes: 1)
+  out = tmp_path / "m.json"
+  res = bench.main(["--points", "1:512", "--splits", "2,3", "--peers", "", "--reps", "1",
+                    "--stream-gb", "0.01", "--interpret", "--out", str(out)])
+  assert res["meta"]["check_worst_rel_err"] < 1e-2
+  assert [r["options"]["num_splits"] for r in res["rows"]] == [2]  # 3 does not divide 4 tiles
+  assert out.exists() and res["rows"][0]["us"] > 0 and res["rows"][0]["bytes_read"] > 0
