@@ -41,14 +41,15 @@ def random_packed(b, kh, s, key):
           words(k[3], (b, kh, g, 128, 16)), scale(k[4], (b, kh, s)), zero(k[5], (b, kh, s)))
 
 
-def attend(q, lengths, cache, num_splits, interpret=False):
+def attend(q, lengths, cache, num_splits, interpret=False, stages=2):
   """q [B, N, 1, H] -> [B, N, 1, H]: scaled and transposed query, split states, XLA merge."""
   b, n, _, h = q.shape
   kh = cache[0].shape[1]
   rep = n // kh
   q_t = (q.astype(jnp.float32).reshape(b, kh, rep, h) * (h ** -0.5 * decode.LOG2E)).swapaxes(-1, -2)
   q_t = jnp.pad(q_t, ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
-  o_t, m, l = mk.kivi2_states(q_t, lengths, *cache, num_splits=num_splits, interpret=interpret)
+  o_t, m, l = mk.kivi2_states(q_t, lengths, *cache, num_splits=num_splits, interpret=interpret,
+                              stages=stages)
   out = decode.combine(o_t.swapaxes(-1, -2), m, l, rep)  # [B, K, rep, H]
   return out.reshape(b, n, 1, h).astype(q.dtype)
 
@@ -74,7 +75,7 @@ def check(log, interpret=False):
   return worst
 
 
-def mosaic_row(b, ctx, splits, reps, key, interpret=False):
+def mosaic_row(b, ctx, splits, reps, key, interpret=False, stages=2):
   length = ctx - 256
   c0 = random_packed(b, dk.SHAPE.k_heads, ctx, key)
   nbytes = sum(x.nbytes for x in c0)
@@ -87,7 +88,7 @@ def mosaic_row(b, ctx, splits, reps, key, interpret=False):
   def step(x):
     q, cs = x
     for c in cs:
-      q = dk.chain(q, attend(q, lengths, c, splits, interpret))
+      q = dk.chain(q, attend(q, lengths, c, splits, interpret, stages))
     return q, cs
   us = dk.time_loop(step, (q, caches), max(1, dk.steps_for(nb / 2e6) // ns), reps) / ns
   return us, nb
@@ -97,6 +98,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--points", default="8:32768,1:32768,8:4096", help="batch:context,...")
   ap.add_argument("--splits", default="4,8,16,32")
+  ap.add_argument("--stages", default="2", help="pipeline depths (max_concurrent_steps) to time")
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--peers", default="triton,torch_sdpa", help="of triton (kvjax kivi2_g128), torch_sdpa")
   ap.add_argument("--no-check", action="store_true")
@@ -119,12 +121,15 @@ def main(argv=None):
   for p in filter(None, args.points.split(",")):
     b, ctx = map(int, p.split(":"))
     for ns in map(int, filter(None, args.splits.split(","))):
-      if (ctx // mk.TILE) % ns:
-        continue
-      us, nb = mosaic_row(b, ctx, ns, args.reps, key, args.interpret)
-      rows.append(dict(impl="kvjax_mosaic", format="kivi2_g128", batch=b, context=ctx, us=us, bytes_read=nb,
-                       tbps=nb / us / 1e6, frac_roofline=nb / us / 1e6 / stream, options={"num_splits": ns}))
-      log(f"mosaic kivi2  B={b:<3d} ctx={ctx:<6d} splits {ns:3d} {us:9.1f} us {nb / us / 1e6:5.2f} TB/s")
+      for st in map(int, filter(None, args.stages.split(","))):
+        if (ctx // mk.TILE) % ns:
+          continue
+        us, nb = mosaic_row(b, ctx, ns, args.reps, key, args.interpret, st)
+        rows.append(dict(impl="kvjax_mosaic", format="kivi2_g128", batch=b, context=ctx, us=us, bytes_read=nb,
+                         tbps=nb / us / 1e6, frac_roofline=nb / us / 1e6 / stream,
+                         options={"num_splits": ns, "stages": st}))
+        log(f"mosaic kivi2  B={b:<3d} ctx={ctx:<6d} splits {ns:3d} stages {st} {us:9.1f} us "
+            f"{nb / us / 1e6:5.2f} TB/s")
     if "triton" in peers:
       for impl, us, nb in dk.kvjax_rows("kivi2_g128", b, ctx, args.reps, key, False):
         rows.append(dict(impl=impl, format="kivi2_g128", batch=b, context=ctx, us=us, bytes_read=nb,

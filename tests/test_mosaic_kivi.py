@@ -84,8 +84,9 @@ def test_bench_script_checks_and_times_in_the_interpreter(tmp_path, monkeypatch)
   monkeypatch.setattr(bench.dk, "steps_for", lambda us: 1)  # one interpreted step, one cache copy
   monkeypatch.setattr(bench.dk, "n_sets", lambda nbytes: 1)
   out = tmp_path / "m.json"
-  res = bench.main(["--points", "1:512", "--splits", "2,3", "--peers", "", "--reps", "1",
+  res = bench.main(["--points", "1:512", "--splits", "2,3", "--stages", "2,3", "--peers", "", "--reps", "1",
                     "--stream-gb", "0.01", "--interpret", "--out", str(out)])
   assert res["meta"]["check_worst_rel_err"] < 1e-2
-  assert [r["options"]["num_splits"] for r in res["rows"]] == [2]  # 3 does not divide 4 tiles
+  assert [r["options"] for r in res["rows"]] == [{"num_splits": 2, "stages": 2},
+                                                  {"num_splits": 2, "stages": 3}]  # 3 splits: 4 tiles
   assert out.exists() and res["rows"][0]["us"] > 0 and res["rows"][0]["bytes_read"] > 0

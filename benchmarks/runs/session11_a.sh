@@ -5,7 +5,7 @@
 # against the Triton kivi2_g128 kernel and torch SDPA in the same run, splits 4..32.
 set -u
 source "$(dirname "$0")/device_setup.sh"
-timeout 400 python3 benchmarks/mosaic_kivi_bench.py --points 8:32768,1:32768,8:4096 --splits 4,8,16,32 \
+timeout 400 python3 benchmarks/mosaic_kivi_bench.py --points 8:32768,1:32768,8:4096 --splits 4,8,16,32 --stages 2,3 \
   --out $OUT/mosaic_kivi_s11.json > $OUT/mosaic_log.txt 2>&1; echo "mosaic rc=$?"
 JAX_PLATFORMS=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_mosaic_kivi.py \
   > $OUT/pytest_log.txt 2>&1; echo "pytest rc=$?"
