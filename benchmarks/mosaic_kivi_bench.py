@@ -58,13 +58,8 @@ def check(log, interpret=False):
   """Worst relative error of the GPU kernel against `reference_states` (ragged, empty, split past)."""
   worst = 0.0
   for lengths, splits in (((1024, 300), 2), ((0, 129), 4)):
-    rng = np.random.default_rng(len(lengths) + splits)
-    b, kh, s = 2, 2, 1024
-    kc, vc = (jnp.asarray(rng.integers(0, 4, (b, kh, s, 128)), jnp.uint8) for _ in range(2))
-    ks, vs = (jnp.asarray(rng.uniform(0.05, 0.2, sh), jnp.float16) for sh in ((b, kh, s // 128, 128), (b, kh, s)))
-    kz, vz = (jnp.asarray(rng.normal(0, 0.2, sh), jnp.float16) for sh in ((b, kh, s // 128, 128), (b, kh, s)))
-    q_t = jnp.asarray(rng.normal(size=(b, kh, 128, mk.ROWS)) * 0.3, jnp.float32)
-    ln = jnp.asarray(lengths, jnp.int32)
+    q_t, ln, kc, ks, kz, vc, vs, vz = test_base.kivi2_unpacked_case(
+        lengths, capacity=1024, rows=mk.ROWS, seed=len(lengths) + splits)
     o, m, l = map(np.asarray, mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz,
                                               num_splits=splits, interpret=interpret))
     ro, rm, rl = map(np.asarray, mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=splits))

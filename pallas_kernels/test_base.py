@@ -73,6 +73,21 @@ def make_case(fmt_name: str, lengths, *, num_kv_heads=2, rep=4, head_dim=128, nu
   return q.astype(jnp.bfloat16), cache
 
 
+def kivi2_unpacked_case(lengths, *, num_kv_heads=2, capacity=512, rows=16, seed=0):
+  """Random KIVI-2 G=128 data for `pallas_kernels.gpu.mosaic_kivi` (its inputs before packing):
+  (q_t [B, K, 128, rows] f32, lengths, key codes [B, K, S, 128] uint8, key scale, key zero
+  [B, K, S / 128, 128] fp16, value codes, value scale, value zero [B, K, S] fp16)."""
+  rng = np.random.default_rng(seed)
+  b, kh, s = len(lengths), num_kv_heads, capacity
+  codes = lambda: rng.integers(0, 4, (b, kh, s, 128)).astype(np.uint8)
+  scale = lambda *shape: rng.uniform(0.05, 0.2, shape).astype(np.float16)
+  zero = lambda *shape: rng.normal(0, 0.2, shape).astype(np.float16)
+  q_t = (rng.normal(size=(b, kh, 128, rows)) * 0.3).astype(np.float32)
+  case = (q_t, np.asarray(lengths, np.int32), codes(), scale(b, kh, s // 128, 128), zero(b, kh, s // 128, 128),
+          codes(), scale(b, kh, s), zero(b, kh, s))
+  return tuple(map(jnp.asarray, case))
+
+
 def relative_error(out, ref) -> float:
   out = np.asarray(out, np.float64)
   ref = np.asarray(ref, np.float64)

@@ -14,16 +14,8 @@ from pallas_kernels import test_base
 from pallas_kernels.gpu import mosaic_kivi as mk
 
 
-def _case(b=2, kh=2, s=512, lengths=(512, 200), seed=0):
-  rng = np.random.default_rng(seed)
-  kcodes = rng.integers(0, 4, (b, kh, s, 128)).astype(np.uint8)
-  vcodes = rng.integers(0, 4, (b, kh, s, 128)).astype(np.uint8)
-  ks = rng.uniform(0.05, 0.2, (b, kh, s // mk.TILE, 128)).astype(np.float16)
-  kz = rng.normal(0, 0.2, (b, kh, s // mk.TILE, 128)).astype(np.float16)
-  vs = rng.uniform(0.05, 0.2, (b, kh, s)).astype(np.float16)
-  vz = rng.normal(0, 0.2, (b, kh, s)).astype(np.float16)
-  q_t = (rng.normal(size=(b, kh, 128, mk.ROWS)) * 0.3).astype(np.float32)
-  return tuple(map(jnp.asarray, (q_t, np.asarray(lengths, np.int32), kcodes, ks, kz, vcodes, vs, vz)))
+def _case(lengths=(512, 200)):
+  return test_base.kivi2_unpacked_case(lengths, rows=mk.ROWS)
 
 
 def test_packing_puts_plane_m_at_bits_2m():

@@ -39,8 +39,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["FlatPlan", "flat_decode", "combine", "split_states_call", "seq_spec", "padded_rows",
-           "load_q", "q_spec"]
+__all__ = ["FlatPlan", "flat_decode", "combine", "split_states_call", "seq_spec", "pow2_at_least",
+           "padded_rows", "load_q", "q_spec"]
 
 NEG = -1e30
 LOG2E = 1.4426950408889634
@@ -58,11 +58,14 @@ def _to_f16(c):
   return lax.bitcast_convert_type(x, jnp.float16) - jnp.float16(1152)
 
 
-def _u4_to_f16(c, offset):
-  """uint8 codes < 16 (or < 256 for KIVI-4 nibbles) -> fp16 ``code - offset`` via 0x6400
-  (offset -1024: the bit pattern as it is, 1024 + code)."""
-  x = lax.bitcast_convert_type(c.astype(jnp.uint16) | jnp.uint16(0x6400), jnp.float16)
+def _minus(x, offset):
+  """fp16 ``1024 + code`` (the 0x6400 trick) -> ``code - offset``; offset -1024 leaves it as it is."""
   return x if offset == -1024 else x - jnp.float16(1024 + offset)
+
+
+def _u4_to_f16(c, offset):
+  """uint8 codes < 16 (or < 256 for KIVI-4 nibbles) -> fp16 ``code - offset`` via 0x6400."""
+  return _minus(lax.bitcast_convert_type(c.astype(jnp.uint16) | jnp.uint16(0x6400), jnp.float16), offset)
 
 
 # Four bytes (4 elements of a row) per instance: shift the whole 32-bit word, mask two bytes' codes
@@ -95,7 +98,7 @@ def unpack_f16(c, shift, bits, offset, packed=False):
       _PACKED_UNPACK.replace("MASK", hex(mask | mask << 16)), args=[c, sh],
       constraints="=r,=r,r,r", pack=4,
       result_shape_dtypes=[jax.ShapeDtypeStruct(c.shape, jnp.float16)])
-  return x if offset == -1024 else x - jnp.float16(1024 + offset)  # -1024: 1024 + code as unpacked
+  return _minus(x, offset)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,16 +180,24 @@ def _visible(pos, qpos, window):
   return ok if window is None else ok & (pos > qpos - window)
 
 
+def pow2_at_least(x: int, lo: int = 1) -> int:
+  """The smallest power of two >= max(x, lo) (Triton tiles are powers of two)."""
+  return 1 << max(0, (max(x, lo) - 1).bit_length())
+
+
 def padded_rows(rows: int) -> int:
   """M: the query rows a program computes, rows padded to a power of two >= 16 (the tensor cores'
   smallest M); the padding rows are zero queries whose states are never stored."""
-  return 1 << max(4, (rows - 1).bit_length())
+  return pow2_at_least(rows, 16)
 
 
-def q_spec(m_rows: int, h: int):
-  """The query's block: its [rows, H] slab of q [B, K, rows, H], as an [M, H] block (M >= rows; the
-  kernel masks rows >= rows, so nothing past the array is read)."""
-  return pl.BlockSpec((None, None, m_rows, h), lambda b_, k, s: (b_, k, 0, 0))
+def q_spec(q_shape, rows: int):
+  """(M, the query's block spec): its [rows, H] slab of q [B, K, rows, H] as an [M, H] block
+  (M = padded_rows(rows); the kernel masks rows >= rows, so nothing past the array is read)."""
+  if q_shape[2] != rows:
+    raise ValueError(f"q must have plan.rows = {rows} rows per KV head, got {q_shape[2]} (q {q_shape})")
+  m_rows = padded_rows(rows)
+  return m_rows, pl.BlockSpec((None, None, m_rows, q_shape[3]), lambda b_, k, s: (b_, k, 0, 0))
 
 
 def load_q(q_ref, rows: int, q_scale: float, cols=None):
@@ -337,14 +348,11 @@ def flat_decode(q, lengths, k_codes, v_codes, k_scale, v_scale, *, plan: FlatPla
 
   Returns per-split (o [B, K, NS, M, H], m, l).
   """
-  b, kh, rows, h = q.shape
-  m_rows = padded_rows(plan.rows)
-  if rows != plan.rows:
-    raise ValueError(f"q must have plan.rows = {plan.rows} rows per KV head, got {rows} (q {q.shape})")
+  b, kh, _, h = q.shape
+  m_rows, qs = q_spec(q.shape, plan.rows)
   ns = plan.num_splits
   args = [lengths, q, k_codes, v_codes]
-  specs = [pl.BlockSpec((None,), lambda b_, k, s: (b_,)),
-           q_spec(m_rows, h),
+  specs = [pl.BlockSpec((None,), lambda b_, k, s: (b_,)), qs,
            seq_spec(k_codes.shape), seq_spec(v_codes.shape)]
   for sc in (k_scale, v_scale):
     if sc is not None:

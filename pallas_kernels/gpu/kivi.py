@@ -308,14 +308,11 @@ def kivi_decode(q, lengths, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
                 plan: KiviPlan, num_warps=4, num_stages=2, interpret=False):
   """KIVI decode of q [B, K, rows, H] (scaled by plan.q_scale and padded in the kernel, as in
   `decode.flat_decode`): per-split states (o, m, l) with NS + 1 splits (the last: residual window)."""
-  b, kh, rows, h = q.shape
-  m_rows = base.padded_rows(plan.rows)
-  if rows != plan.rows:
-    raise ValueError(f"q must have plan.rows = {plan.rows} rows per KV head, got {rows} (q {q.shape})")
+  b, kh, _, h = q.shape
+  m_rows, qs = base.q_spec(q.shape, plan.rows)
   ns = plan.num_splits + 1
   args = [lengths, q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_res, v_res]
-  specs = ([pl.BlockSpec((None,), lambda b_, k, s: (b_,)),
-            base.q_spec(m_rows, h)]
+  specs = ([pl.BlockSpec((None,), lambda b_, k, s: (b_,)), qs]
            + [base.seq_spec(a.shape) for a in args[2:]])
   return base.split_states_call(functools.partial(_kivi_kernel, plan=plan), args, specs,
                             (b, kh, ns, m_rows, h), num_warps, num_stages, interpret,

@@ -39,13 +39,9 @@ MIN_COLS = 16          # narrowest column block (a 64-byte row segment of f32 st
 LOAD_ELEMS = 4096      # f32 elements of o per masked load (32 registers a thread at 4 warps)
 
 
-def _pow2_at_least(x: int) -> int:
-  return 1 << max(0, (x - 1).bit_length())
-
-
 def out_rows(rows: int) -> int:
   """Rows a merge program works on: the power of two >= rows (Triton tiles are powers of two)."""
-  return _pow2_at_least(rows)
+  return decode.pow2_at_least(rows)
 
 
 def merge_cols(batch: int, kv_heads: int, head_dim: int) -> int:
@@ -61,7 +57,7 @@ def merge_cols(batch: int, kv_heads: int, head_dim: int) -> int:
 def chunk_splits(num_splits: int, rows: int, cols: int) -> int:
   """Splits per o load: all of them (rounded up to a power of two) when [NS', R, cols] fits in
   LOAD_ELEMS, else the largest power of two that does (at least 1)."""
-  c = _pow2_at_least(num_splits)
+  c = decode.pow2_at_least(num_splits)
   while c > 1 and c * out_rows(rows) * cols > LOAD_ELEMS:
     c //= 2
   return c
@@ -70,7 +66,7 @@ def chunk_splits(num_splits: int, rows: int, cols: int) -> int:
 def _merge_kernel(o_ref, m_ref, l_ref, out_ref, *, num_splits, chunk):
   r = out_ref.shape[0]
   rows = pl.ds(0, r)
-  nsp = _pow2_at_least(num_splits)
+  nsp = decode.pow2_at_least(num_splits)
   sid = lax.broadcasted_iota(jnp.int32, (nsp, 1), 0)
   m_s = plgpu.load(m_ref.at[pl.ds(0, nsp), rows], mask=sid < num_splits, other=decode.NEG)  # [NS', R]
   l_s = plgpu.load(l_ref.at[pl.ds(0, nsp), rows], mask=sid < num_splits, other=0.0)
@@ -106,7 +102,7 @@ def merge_states(o, m, l, rows: int, dtype, *, interpret: bool = False, num_warp
   if cols < 1 or h % cols or cols & (cols - 1):
     raise ValueError(f"cols must be a power of two dividing the head dim {h}, got {cols}")
   kernel = functools.partial(_merge_kernel, num_splits=ns, chunk=chunk_splits(ns, rows, cols))
-  nsp = _pow2_at_least(ns)
+  nsp = decode.pow2_at_least(ns)
   return pl.pallas_call(
       kernel,
       grid=(b, kh, h // cols),

@@ -42,9 +42,9 @@ PLANES = 8    # 2-bit codes per uint16 word
 NEG = -1e30
 
 
-def _pack_planes(codes, axis_len):
+def _pack_planes(codes):
   """[..., 8 * w] codes 0..3 -> [..., w] uint16, word j holding entries j + w m at bits 2m."""
-  w = axis_len // PLANES
+  w = codes.shape[-1] // PLANES
   out = jnp.zeros(codes.shape[:-1] + (w,), jnp.uint16)
   for m in range(PLANES):
     out = out | (codes[..., m * w:(m + 1) * w].astype(jnp.uint16) << (2 * m))
@@ -53,14 +53,14 @@ def _pack_planes(codes, axis_len):
 
 def pack_keys(codes):
   """Key codes [B, K, S, H=128] (0..3) -> [B, K, S, 16] uint16 (word j: channels j + 16 m)."""
-  return _pack_planes(codes, codes.shape[-1])
+  return _pack_planes(codes)
 
 
 def pack_values(codes):
   """Value codes [B, K, S, H] (0..3) -> [B, K, S / 128, H, 16] uint16 (word j: tile tokens j + 16 m)."""
   b, k, s, h = codes.shape
   tiles = codes.reshape(b, k, s // TILE, TILE, h).swapaxes(-1, -2)  # [.., tile, H, 128 tokens]
-  return _pack_planes(tiles, TILE)
+  return _pack_planes(tiles)
 
 
 def _planes(words):

@@ -9,7 +9,6 @@ configurations the kernels do not tile, so dispatch falls back to XLA.
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 
 import jax
@@ -114,10 +113,6 @@ FOLD_VALUE_SCALES = {128: True}
 # decode_parts/decode_gemma_s6.json) two warps ran FP8 at 874 us and four at 544 us (int8 637 -> 601),
 # so below four warps the count scales with head_dim / 128.
 WARPS_HEAD_DIM = 128
-
-
-def _pow2_at_least(x, lo):
-  return max(lo, 1 << max(0, math.ceil(math.log2(max(x, 1)))))
 
 
 def default_splits(batch, kv_heads, num_blocks, target=4 * NUM_SMS):
