@@ -4,6 +4,7 @@ length), its packing puts plane m at bits 2m, bad shapes are refused, and it low
 CUDA plugin (which holds Mosaic GPU's lowering) is installed."""
 
 import importlib.util
+import json
 
 import jax
 import jax.numpy as jnp
@@ -29,11 +30,12 @@ def test_packing_puts_plane_m_at_bits_2m():
     np.testing.assert_array_equal(((vw[0, 0, 1] >> (2 * m)) & 3).T, c[0, 0, 128 + 16 * m:128 + 16 * m + 16])
 
 
+@pytest.mark.parametrize("variant", mk.VARIANTS)
 @pytest.mark.parametrize("lengths,splits", [((512, 200), 2), ((0, 129), 4), ((384, 1), 1)])
-def test_states_match_reference_in_the_interpreter(lengths, splits):
+def test_states_match_reference_in_the_interpreter(lengths, splits, variant):
   q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
   out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz,
-                        num_splits=splits, interpret=True)
+                        num_splits=splits, interpret=True, variant=variant)
   ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=splits)
   o, m, l = map(np.asarray, out)
   ro, rm, rl = map(np.asarray, ref)
@@ -45,6 +47,22 @@ def test_states_match_reference_in_the_interpreter(lengths, splits):
   assert np.abs(o[~seen.any(-1)]).max(initial=0.0) == 0.0
 
 
+@pytest.mark.parametrize("variant", ["folded", "lean"])
+def test_unwritten_slots_with_zero_scales_stay_finite(variant):
+  """Past a sequence's length the cache may hold zero scales and zeros (never written): the folded zero
+  / scale must not turn them into NaN x 0 in the value MMA."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=(300, 0))
+  tok = np.arange(512)[None, None, :] >= np.asarray(ln)[:, None, None]
+  grp = np.arange(4)[None, None, :, None] * 128 >= np.asarray(ln)[:, None, None, None]
+  vs, vz = (jnp.where(tok, 0, x) for x in (vs, vz))
+  ks, kz = (jnp.where(grp, 0, x) for x in (ks, kz))
+  out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz,
+                        num_splits=2, interpret=True, variant=variant)
+  ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=2)
+  assert all(np.isfinite(np.asarray(x)).all() for x in out)
+  assert test_base.relative_error(out[0], ref[0]) < 2e-3
+
+
 def test_bad_shapes_are_refused():
   q_t, ln, kc, ks, kz, vc, vs, vz = _case()
   args = (ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
@@ -54,13 +72,34 @@ def test_bad_shapes_are_refused():
     mk.kivi2_states(q_t, *args, num_splits=3, interpret=True)
   with pytest.raises(ValueError, match=r"vs must be \(2, 2, 512\), got \(2, 2, 256\)"):
     mk.kivi2_states(q_t, *args[:5], vs[..., :256], vz, num_splits=1, interpret=True)
+  with pytest.raises(ValueError, match=r"variant must be an Options or one of \('offset', 'exact', .*\), got 'fast'"):
+    mk.kivi2_states(q_t, *args, num_splits=1, interpret=True, variant="fast")
+
+
+def test_options_are_validated():
+  with pytest.raises(ValueError, match="zero_mma needs exact planes"):
+    mk.Options(exact=False, zero_mma=True)
+  with pytest.raises(ValueError, match="fold_zeros needs exact planes and no zero_mma"):
+    mk.Options(fold_zeros=True, zero_mma=True)
+  with pytest.raises(ValueError, match="lag must be None or 0..8 WGMMA groups in flight, got 9"):
+    mk.Options(lag=9)
+
+
+def test_exact_planes_are_the_codes():
+  words = jnp.asarray(np.random.default_rng(2).integers(0, 1 << 16, (64,)), jnp.uint16)
+  w = np.asarray(words).astype(np.int64)
+  for m in range(8):
+    off, ex = mk._plane(words, m), mk._plane(words, m, exact=True)
+    np.testing.assert_array_equal(np.asarray(ex, np.float32), (w >> (2 * m)) & 3)
+    np.testing.assert_array_equal(np.asarray(off, np.float32), 1024 + ((w >> (2 * m)) & 3))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
                     reason="Mosaic GPU's CUDA lowering needs jax-cuda12-plugin")
-def test_lowers_for_cuda_with_registers_as_the_a_operand():
+@pytest.mark.parametrize("variant", mk.VARIANTS)
+def test_lowers_for_cuda_with_registers_as_the_a_operand(variant):
   q_t, ln, kc, ks, kz, vc, vs, vz = _case()
-  fn = jax.jit(lambda *a: mk.kivi2_states(*a, num_splits=2))
+  fn = jax.jit(lambda *a: mk.kivi2_states(*a, num_splits=2, variant=variant))
   text = fn.trace(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz).lower(
       lowering_platforms=("cuda",)).as_text()
   assert "kvjax_mosaic_kivi2" in text
@@ -77,8 +116,9 @@ def test_bench_script_checks_and_times_in_the_interpreter(tmp_path, monkeypatch)
   monkeypatch.setattr(bench.dk, "n_sets", lambda nbytes: 1)
   out = tmp_path / "m.json"
   res = bench.main(["--points", "1:512", "--splits", "2,3", "--stages", "2,3", "--peers", "", "--reps", "1",
-                    "--stream-gb", "0.01", "--interpret", "--out", str(out)])
+                    "--variants", "exact", "--stream-gb", "0.01", "--interpret", "--out", str(out)])
   assert res["meta"]["check_worst_rel_err"] < 1e-2
-  assert [r["options"] for r in res["rows"]] == [{"num_splits": 2, "stages": 2},
-                                                  {"num_splits": 2, "stages": 3}]  # 3 splits: 4 tiles
+  assert [r["options"] for r in res["rows"]] == [{"num_splits": 2, "stages": 2, "variant": "exact"},
+                                                  {"num_splits": 2, "stages": 3, "variant": "exact"}]  # 3 splits: 4 tiles
+  assert json.loads(out.read_text())["rows"] == res["rows"]
   assert out.exists() and res["rows"][0]["us"] > 0 and res["rows"][0]["bytes_read"] > 0

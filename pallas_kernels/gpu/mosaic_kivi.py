@@ -26,6 +26,7 @@ Layouts (`pack_keys`, `pack_values`):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -34,7 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["TILE", "ROWS", "pack_keys", "pack_values", "kivi2_states", "reference_states"]
+__all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "pack_values", "kivi2_states", "reference_states"]
 
 TILE = 128    # tokens per pipeline step = the key group
 ROWS = 16     # query rows (N of WGMMA), padded
@@ -63,21 +64,78 @@ def pack_values(codes):
   return _pack_planes(tiles)
 
 
-def _planes(words):
-  """The 8 fp16 planes 1024 + code of uint16 words (any layout; elementwise)."""
-  return [lax.bitcast_convert_type(
-      (lax.shift_right_logical(words, jnp.uint16(2 * m)) & jnp.uint16(3)) | jnp.uint16(0x6400),
-      jnp.float16) for m in range(PLANES)]
+def _plane(words, m: int, exact: bool = False):
+  """Plane m (bits 2m, 2m + 1) of uint16 words as fp16 (any layout; elementwise): 1024 + code, or the
+  code itself (`exact`: one fp16 subtraction of 1024 more per pair of codes; exact)."""
+  x = lax.bitcast_convert_type(
+      (lax.shift_right_logical(words, jnp.uint16(2 * m)) & jnp.uint16(3)) | jnp.uint16(0x6400), jnp.float16)
+  return x - jnp.float16(1024) if exact else x
+
+
+def _zero_over_scale(z, s):
+  """z / s in fp16, 0 where s is 0 (slots never written: 0 / 0 would reach the MMA as NaN x 0)."""
+  z, s = z.astype(jnp.float32), s.astype(jnp.float32)
+  return jnp.where(s == 0.0, 0.0, z / jnp.where(s == 0.0, 1.0, s)).astype(jnp.float16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """How `kivi2_states` builds its tile step (session 11's sweep on the H200 picks the preset).
+
+  exact: planes are the codes themselves (fp16 1024 + code, minus 1024: exact), else 1024 + code with the
+    offset removed in the per-column constants (the same fp16-rounded q s / p s the tensor cores see).
+  zero_mma: the key zeros' logit term q . z_g on the tensor cores (the zero row broadcast over the tile,
+    16 columns at a time, against the fp16 query), else a cross-warp sum per tile. Needs `exact`.
+  fold_zeros: each zero folded into its plane as zero / scale (fp16 code + z / s, one more fp16 add per
+    pair of codes): no zero term, so no cross-warp sum but the max's per tile. Needs `exact`.
+  lazy_sums: l and the value zeros' term kept as per-thread [128, 16] sums, reduced once at the end
+    (+32 registers), else a cross-warp sum each per tile.
+  lag: WGMMA groups left in flight while the next plane is unpacked (each plane's registers are free
+    once its group retires); None issues all planes, then waits.
+  q_in_smem: the query read from shared memory every tile instead of held in 16 registers.
+  approx_math: ex2.approx (Mosaic GPU's approx_math).
+  """
+  exact: bool = True
+  zero_mma: bool = False
+  fold_zeros: bool = False
+  lazy_sums: bool = False
+  lag: int | None = 1
+  q_in_smem: bool = True
+  approx_math: bool = True
+
+  def __post_init__(self):
+    if self.zero_mma and not self.exact:
+      raise ValueError("zero_mma needs exact planes (the offset's correction is a cross-warp sum anyway)")
+    if self.fold_zeros and (self.zero_mma or not self.exact):
+      raise ValueError("fold_zeros needs exact planes and no zero_mma")
+    if self.lag is not None and not 0 <= self.lag <= 8:
+      raise ValueError(f"lag must be None or 0..8 WGMMA groups in flight, got {self.lag}")
+
+
+VARIANTS = {
+    "offset": Options(exact=False, lag=None, q_in_smem=False, approx_math=False),  # session 10's kernel
+    "exact": Options(zero_mma=True, lazy_sums=True, lag=None, q_in_smem=False, approx_math=False),
+    "lean": Options(),
+    "lean_lag2": Options(lag=2),
+    "lean_lazy": Options(lazy_sums=True),
+    "lean_zmma": Options(zero_mma=True),
+    "folded": Options(fold_zeros=True),
+    "folded_lazy": Options(fold_zeros=True, lazy_sums=True),
+}
 
 
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
-                 stages: int = 2):
+                 stages: int = 2, variant: str | Options = "lean", profile_dir: str = "",
+                 profile_space: int = 0):
   """Per-split flash-decoding states of KIVI-2 (G=128) attention.
 
   q_t [B, K, H, 16] f32 (queries transposed, scaled by softmax scale x log2 e, rows padded to 16);
   lengths [B] int32; kc [B, K, S, 16] uint16, ks / kz [B, K, S/128, H]; vc [B, K, S/128, H, 16] uint16,
   vs / vz [B, K, S] (scales and zeros fp16 or bf16). Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16])
   in f32, m and l in the log2 domain; tokens >= lengths[b] are masked.
+
+  variant: a name in VARIANTS or an `Options`. profile_dir / profile_space: Mosaic GPU's in-kernel
+  profiler (a trace per call under profile_dir; regions kprep, kmma, softmax, vprep, vmma).
   """
   b, kh, h, n = q_t.shape
   s = kc.shape[2]
@@ -85,6 +143,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     raise ValueError(f"q_t must be [B, K, 128, {ROWS}], got {q_t.shape}")
   if s % TILE or (s // TILE) % num_splits:
     raise ValueError(f"the capacity {s} must be a multiple of {TILE} x num_splits ({num_splits})")
+  if not isinstance(variant, Options) and variant not in VARIANTS:
+    raise ValueError(f"variant must be an Options or one of {tuple(VARIANTS)}, got {variant!r}")
+  opt = variant if isinstance(variant, Options) else VARIANTS[variant]
   expect = {"kc": (b, kh, s, 16), "ks": (b, kh, s // TILE, h), "kz": (b, kh, s // TILE, h),
             "vc": (b, kh, s // TILE, h, 16), "vs": (b, kh, s), "vz": (b, kh, s)}
   for name, arr in zip(expect, (kc, ks, kz, vc, vs, vz)):
@@ -95,54 +156,99 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
   code_tiles = (plgpu.TilingTransform((8, 16)), plgpu.SwizzleTransform(32))  # [rows, 16] uint16
 
-  def planes_mma(init, words, b_ref):
-    """init + sum_m plane_m(words) . b_ref[16 m: 16 m + 16]: WGMMA with A in registers (interpret
-    mode has no register-A WGMMA: jnp.dot there, same arithmetic)."""
-    planes = _planes(words)
+  def mma(init, pairs):
+    """init + sum of a() . b_ref over (a, b_ref) pairs, a() building a [rows, 16] register A operand
+    right before its WGMMA; at most `opt.lag` groups left in flight (interpret mode has no register-A
+    WGMMA: jnp.dot there, same arithmetic)."""
     if interpret:
-      for m, a in enumerate(planes):
-        init = init + jnp.dot(a.astype(jnp.float32), b_ref[pl.ds(16 * m, 16), :].astype(jnp.float32))
+      for a, b_ref in pairs:
+        init = init + jnp.dot(a().astype(jnp.float32), b_ref[...].astype(jnp.float32))
       return init
 
     def scope(acc):
-      for m, a in enumerate(planes):
-        plgpu.wgmma(acc, a, b_ref.at[pl.ds(16 * m, 16)])
+      for i, (a, b_ref) in enumerate(pairs):
+        plgpu.wgmma(acc, a(), b_ref)
+        if opt.lag is not None and i >= opt.lag:
+          plgpu.wgmma_wait(opt.lag)
       plgpu.wgmma_wait(0)
     return pl.run_state(scope)(plgpu.ACC.init(init))
 
-  def body(q_g, len_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, o_g, m_g, l_g, qs_smem, pt_smem, q_smem, bar):
+  def plane_pairs(words, b_ref, zs_ref=None):
+    """(A builder, B slab) per plane; with zs_ref, plane m adds zs_ref[16 m: 16 m + 16] (per k column)."""
+    def a(m):
+      x = _plane(words, m, opt.exact)
+      if zs_ref is not None:
+        x = x + jnp.broadcast_to(zs_ref[pl.ds(16 * m, 16)][None, :], x.shape)
+      return x
+    return [(functools.partial(a, m), b_ref.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
+
+  def body(q_g, len_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, o_g, m_g, l_g, qs_smem, pt_smem, q_smem, q16_smem,
+           zsk_smem, zsv_smem, bar):
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
     plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
     plgpu.barrier_wait(bar)
-    qt = q_smem[...]  # [H, N]
+    q_reg = None if opt.q_in_smem else q_smem[...]  # [H, N]
+    if opt.zero_mma:
+      q16_smem[...] = q_smem[...].astype(jnp.float16)
+      plgpu.commit_smem()
     length = len_g[bi]
 
     def step(idx, kc_s, vc_s, ks_s, kz_s, vs_s, vz_s, carry):
       o, m_prev, l_prev, cv = carry
       (t,) = idx
-      ksc, kzr = ks_s[...].astype(jnp.float32), kz_s[...].astype(jnp.float32)  # [H]
-      qs16 = (qt * ksc[:, None]).astype(jnp.float16)
-      qs_smem[...] = qs16
-      ck = jnp.sum(qt * kzr[:, None] - 1024.0 * qs16.astype(jnp.float32), axis=0)  # [N]
-      plgpu.commit_smem()
-      sc = planes_mma(jnp.zeros((TILE, ROWS), jnp.float32),
-                      plgpu.load(kc_s, layout=plgpu.Layout.WGMMA), qs_smem) + ck[None, :]
-      ok = (si * per + t) * TILE + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0) < length
-      sc = jnp.where(ok, sc, NEG)
-      m_new = jnp.maximum(m_prev, jnp.max(sc, axis=0))
-      alpha = jnp.exp2(m_prev - m_new)
-      p = jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0)
-      l_new = l_prev * alpha + jnp.sum(p, axis=0)
-      vsc, vzr = vs_s[...].astype(jnp.float32), vz_s[...].astype(jnp.float32)  # [TILE]
-      pt16 = (p * vsc[:, None]).astype(jnp.float16)
-      pt_smem[...] = pt16
-      cv = cv * alpha + jnp.sum(p * vzr[:, None] - 1024.0 * pt16.astype(jnp.float32), axis=0)
-      plgpu.commit_smem()
-      o = planes_mma(o * alpha[None, :], plgpu.load(vc_s, layout=plgpu.Layout.WGMMA), pt_smem)
+      with jax.named_scope("kprep"):
+        qt = q_smem[...] if opt.q_in_smem else q_reg
+        qs16 = (qt * ks_s[...].astype(jnp.float32)[:, None]).astype(jnp.float16)
+        qs_smem[...] = qs16
+        ck = 0.0
+        extra = []
+        if opt.fold_zeros:
+          zsk_smem[...] = _zero_over_scale(kz_s[...], ks_s[...])
+        elif opt.zero_mma:  # 16 channels of the zero row, broadcast over the tile's tokens
+          zrow = lambda m: jnp.broadcast_to(kz_s[pl.ds(16 * m, 16)].astype(jnp.float16)[None, :], (TILE, 16))
+          extra = [(functools.partial(zrow, m), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
+        else:
+          cz = qt * kz_s[...].astype(jnp.float32)[:, None]
+          if not opt.exact:
+            cz = cz - 1024.0 * qs16.astype(jnp.float32)
+          ck = jnp.sum(cz, axis=0)[None, :]  # [1, N]
+        plgpu.commit_smem()
+      with jax.named_scope("kmma"):
+        words = plgpu.load(kc_s, layout=plgpu.Layout.WGMMA)
+        sc = mma(jnp.zeros((TILE, ROWS), jnp.float32),
+                 extra + plane_pairs(words, qs_smem, zsk_smem if opt.fold_zeros else None)) + ck
+      with jax.named_scope("softmax"):
+        ok = (si * per + t) * TILE + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0) < length
+        sc = jnp.where(ok, sc, NEG)
+        m_new = jnp.maximum(m_prev, jnp.max(sc, axis=0))
+        alpha = jnp.exp2(m_prev - m_new)
+        p = jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0)
+      with jax.named_scope("vprep"):
+        vsc, vzr = vs_s[...].astype(jnp.float32), vz_s[...].astype(jnp.float32)  # [TILE]
+        pt16 = (p * vsc[:, None]).astype(jnp.float16)
+        pt_smem[...] = pt16
+        if opt.fold_zeros:
+          zsv_smem[...] = _zero_over_scale(vzr, vsc)
+          l_new = l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
+        elif opt.lazy_sums:  # per-thread [TILE, N] sums, reduced over the tokens once at the end
+          l_new = l_prev * alpha[None, :] + p
+          cv = cv * alpha[None, :] + p * vzr[:, None]
+        else:
+          cz = p * vzr[:, None]
+          if not opt.exact:
+            cz = cz - 1024.0 * pt16.astype(jnp.float32)
+          l_new = l_prev * alpha + jnp.sum(p, axis=0)
+          cv = cv * alpha + jnp.sum(cz, axis=0)
+        plgpu.commit_smem()
+      with jax.named_scope("vmma"):
+        words = plgpu.load(vc_s, layout=plgpu.Layout.WGMMA)
+        o = mma(o * alpha[None, :], plane_pairs(words, pt_smem, zsv_smem if opt.fold_zeros else None))
       return o, m_new, l_new, cv
 
+    acc_shape = (TILE, ROWS) if opt.lazy_sums else (ROWS,)
+    cv_shape = (1,) if opt.fold_zeros else acc_shape  # folded zeros: no value zero term
     init = (jnp.zeros((h, ROWS), jnp.float32), jnp.full((ROWS,), NEG, jnp.float32),
-            jnp.zeros((ROWS,), jnp.float32), jnp.zeros((ROWS,), jnp.float32))
+            jnp.zeros(acc_shape, jnp.float32), jnp.zeros(cv_shape, jnp.float32))
     tile_of = lambda t: si * per + t
     pipe = plgpu.emit_pipeline(
         step, grid=(per,), max_concurrent_steps=stages, init_carry=init,
@@ -154,11 +260,16 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                   plgpu.BlockSpec((TILE,), lambda t: (tile_of(t),))])
     o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
                            vs_g.at[bi, ki], vz_g.at[bi, ki])
-    o_g[bi, ki, si] = o + cv[None, :]
+    if opt.lazy_sums:
+      l_f = jnp.sum(l_f, axis=0)
+      if not opt.fold_zeros:
+        cv = jnp.sum(cv, axis=0)
+    o_g[bi, ki, si] = o if opt.fold_zeros else o + cv[None, :]
     m_g[bi, ki, si] = m_f
     l_g[bi, ki, si] = l_f
 
   kw = {"interpret": plgpu.InterpretGPUParams()} if interpret else {}
+  prof = dict(profile_space=profile_space, profile_dir=profile_dir) if profile_dir else {}
   f = plgpu.kernel(
       body,
       out_type=(jax.ShapeDtypeStruct((b, kh, num_splits, h, ROWS), jnp.float32),
@@ -167,8 +278,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       grid=(b, kh, num_splits), grid_names=("b", "k", "s"),
       scratch_types=[plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((TILE, ROWS), jnp.float16, transforms=b_tiles),
-                     plgpu.SMEM((h, ROWS), jnp.float32), plgpu.Barrier(num_arrivals=1)],
-      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+                     plgpu.SMEM((h, ROWS), jnp.float32),
+                     plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
+                     plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16), plgpu.Barrier(num_arrivals=1)],
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
+                                           approx_math=opt.approx_math, **prof),
       kernel_name="kvjax_mosaic_kivi2", **kw)
   tiles = s // TILE
   return f(q_t, lengths, kc, vc.reshape(b, kh, tiles * h, 16), ks.reshape(b, kh, tiles * h),
