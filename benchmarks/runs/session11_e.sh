@@ -11,7 +11,7 @@ MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=/tmp/dump timeout 150 python3 benchma
   --variants $V --points 8:32768 --splits 4 --out $OUT/mosaic_s11e.json > $OUT/mosaic_log.txt 2>&1; echo "mosaic rc=$?"
 (cd /tmp/dump && for f in *.ptxas; do echo "== $f"; grep -E "Used|spill" $f | cut -c1-160; done) > $OUT/ptxas_summary.txt
 timeout 60 python3 benchmarks/mosaic_kivi_bench.py --no-check --variants folded_lazy --points 1:32768,8:4096 \
-  --splits 4,32 --peers torch_sdpa --out $OUT/mosaic_s11e_b.json > $OUT/mosaic_b_log.txt 2>&1; echo "b rc=$?"
+  --splits 32,4 --peers torch_sdpa --out $OUT/mosaic_s11e_b.json > $OUT/mosaic_b_log.txt 2>&1; echo "b rc=$?"
 grep -v Warning $OUT/mosaic_log.txt | grep -v "^ " | tail -n 16 | cut -c1-200
 grep -v Warning $OUT/mosaic_b_log.txt | grep -v "^ " | tail -n 10 | cut -c1-200
 grep -E "Used" $OUT/ptxas_summary.txt | sort | uniq -c | cut -c1-200
