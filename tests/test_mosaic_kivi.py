@@ -3,6 +3,7 @@ the jnp reference in Mosaic GPU's CPU interpreter (ragged lengths, an empty sequ
 length), its packing puts plane m at bits 2m, bad shapes are refused, and it lowers for CUDA where the
 CUDA plugin (which holds Mosaic GPU's lowering) is installed."""
 
+import dataclasses
 import importlib.util
 import json
 
@@ -30,7 +31,17 @@ def test_packing_puts_plane_m_at_bits_2m():
     np.testing.assert_array_equal(((vw[0, 0, 1] >> (2 * m)) & 3).T, c[0, 0, 128 + 16 * m:128 + 16 * m + 16])
 
 
-@pytest.mark.parametrize("variant", mk.VARIANTS)
+# every option of `mk.Options` on and off at least once (all presets interpreted would add a minute)
+INTERPRETED = ("offset", "exact", "lean", "folded_mask", "folded_lazy_mask")
+
+
+def test_interpreted_presets_cover_every_option():
+  for field in dataclasses.fields(mk.Options):
+    seen = {getattr(mk.VARIANTS[v], field.name) for v in INTERPRETED}
+    assert len(seen) >= 2, field.name
+
+
+@pytest.mark.parametrize("variant", INTERPRETED)
 @pytest.mark.parametrize("lengths,splits", [((512, 200), 2), ((0, 129), 4), ((384, 1), 1)])
 def test_states_match_reference_in_the_interpreter(lengths, splits, variant):
   q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
@@ -81,6 +92,10 @@ def test_options_are_validated():
     mk.Options(exact=False, zero_mma=True)
   with pytest.raises(ValueError, match="fold_zeros needs exact planes and no zero_mma"):
     mk.Options(fold_zeros=True, zero_mma=True)
+  with pytest.raises(ValueError, match="unpack must be 'shift' or 'mask', got 'lut'"):
+    mk.Options(unpack="lut")
+  with pytest.raises(ValueError, match="unpack='mask' needs exact planes"):
+    mk.Options(exact=False, unpack="mask")
   with pytest.raises(ValueError, match="lag must be None or 0..8 WGMMA groups in flight, got 9"):
     mk.Options(lag=9)
 
@@ -92,6 +107,9 @@ def test_exact_planes_are_the_codes():
     off, ex = mk._plane(words, m), mk._plane(words, m, exact=True)
     np.testing.assert_array_equal(np.asarray(ex, np.float32), (w >> (2 * m)) & 3)
     np.testing.assert_array_equal(np.asarray(off, np.float32), 1024 + ((w >> (2 * m)) & 3))
+    masked = mk._plane_masked(words, words >> 10, m)
+    assert masked.dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(masked, np.float32), (w >> (2 * m)) & 3)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
