@@ -185,7 +185,7 @@ def main(argv=None):
     caches, nb, lengths = caches_for(b, ctx, key)
     for v, ns, st in itertools.product(variants, map(int, filter(None, args.splits.split(","))),
                                        map(int, filter(None, args.stages.split(",")))):
-      if (ctx // mk.TILE) % ns:
+      if (ctx // mk.TILE) % ns or (ctx // mk.TILE // ns) % mk.VARIANTS[v].tiles_per_step:
         continue
       us = mosaic_row(b, caches, nb, lengths, ns, args.reps, key, args.interpret, st, v)
       add("kvjax_mosaic", "kivi2_g128", b, ctx, us, nb, {"num_splits": ns, "stages": st, "variant": v},

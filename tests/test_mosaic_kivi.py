@@ -32,7 +32,7 @@ def test_packing_puts_plane_m_at_bits_2m():
 
 
 # every option of `mk.Options` on and off at least once (all presets interpreted would add a minute)
-INTERPRETED = ("offset", "exact", "lean", "folded_mask", "folded_lazy_mask")
+INTERPRETED = ("offset", "exact", "lean", "folded_mask", "folded_lazy_mask", "dequant_sum", "dequant2")
 
 
 def test_interpreted_presets_cover_every_option():
@@ -44,6 +44,8 @@ def test_interpreted_presets_cover_every_option():
 @pytest.mark.parametrize("variant", INTERPRETED)
 @pytest.mark.parametrize("lengths,splits", [((512, 200), 2), ((0, 129), 4), ((384, 1), 1)])
 def test_states_match_reference_in_the_interpreter(lengths, splits, variant):
+  if 512 // mk.TILE // splits % mk.VARIANTS[variant].tiles_per_step:
+    pytest.skip("a split of one tile cannot take two per step (test_bad_shapes_are_refused)")
   q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
   out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz,
                         num_splits=splits, interpret=True, variant=variant)
@@ -58,7 +60,7 @@ def test_states_match_reference_in_the_interpreter(lengths, splits, variant):
   assert np.abs(o[~seen.any(-1)]).max(initial=0.0) == 0.0
 
 
-@pytest.mark.parametrize("variant", ["folded", "lean"])
+@pytest.mark.parametrize("variant", ["folded", "lean", "dequant_mask"])
 def test_unwritten_slots_with_zero_scales_stay_finite(variant):
   """Past a sequence's length the cache may hold zero scales and zeros (never written): the folded zero
   / scale must not turn them into NaN x 0 in the value MMA."""
@@ -83,6 +85,8 @@ def test_bad_shapes_are_refused():
     mk.kivi2_states(q_t, *args, num_splits=3, interpret=True)
   with pytest.raises(ValueError, match=r"vs must be \(2, 2, 512\), got \(2, 2, 256\)"):
     mk.kivi2_states(q_t, *args[:5], vs[..., :256], vz, num_splits=1, interpret=True)
+  with pytest.raises(ValueError, match=r"capacity 512 must be a multiple of 128 x num_splits \(4\) x tiles_per_step \(2\)"):
+    mk.kivi2_states(q_t, *args, num_splits=4, interpret=True, variant="dequant2")
   with pytest.raises(ValueError, match=r"variant must be an Options or one of \('offset', 'exact', .*\), got 'fast'"):
     mk.kivi2_states(q_t, *args, num_splits=1, interpret=True, variant="fast")
 
@@ -92,6 +96,10 @@ def test_options_are_validated():
     mk.Options(exact=False, zero_mma=True)
   with pytest.raises(ValueError, match="fold_zeros needs exact planes and no zero_mma"):
     mk.Options(fold_zeros=True, zero_mma=True)
+  with pytest.raises(ValueError, match="dequant_in_a needs exact planes and neither zero_mma nor fold_zeros"):
+    mk.Options(dequant_in_a=True, fold_zeros=True)
+  with pytest.raises(ValueError, match="tiles_per_step must be 1, or 2 with dequant_in_a, got 2"):
+    mk.Options(tiles_per_step=2)
   with pytest.raises(ValueError, match="unpack must be 'shift' or 'mask', got 'lut'"):
     mk.Options(unpack="lut")
   with pytest.raises(ValueError, match="unpack='mask' needs exact planes"):
@@ -133,10 +141,11 @@ def test_bench_script_checks_and_times_in_the_interpreter(tmp_path, monkeypatch)
   monkeypatch.setattr(bench.dk, "steps_for", lambda us: 1)  # one interpreted step, one cache copy
   monkeypatch.setattr(bench.dk, "n_sets", lambda nbytes: 1)
   out = tmp_path / "m.json"
-  res = bench.main(["--points", "1:512", "--splits", "2,3", "--stages", "2,3", "--peers", "", "--reps", "1",
-                    "--variants", "exact", "--stream-gb", "0.01", "--interpret", "--out", str(out)])
+  res = bench.main(["--points", "1:512", "--splits", "2,3,4", "--stages", "2", "--peers", "", "--reps", "1",
+                    "--variants", "exact,dequant2", "--stream-gb", "0.01", "--interpret", "--out", str(out)])
   assert res["meta"]["check_worst_rel_err"] < 1e-2
-  assert [r["options"] for r in res["rows"]] == [{"num_splits": 2, "stages": 2, "variant": "exact"},
-                                                  {"num_splits": 2, "stages": 3, "variant": "exact"}]  # 3 splits: 4 tiles
+  # 3 splits do not divide 4 tiles; dequant2 takes tiles in pairs, so not 4 splits of one tile either
+  assert [(r["options"]["variant"], r["options"]["num_splits"]) for r in res["rows"]] == [
+      ("exact", 2), ("exact", 4), ("dequant2", 2)]
   assert json.loads(out.read_text())["rows"] == res["rows"]
   assert out.exists() and res["rows"][0]["us"] > 0 and res["rows"][0]["bytes_read"] > 0

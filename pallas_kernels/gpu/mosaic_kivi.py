@@ -100,6 +100,11 @@ class Options:
     16 columns at a time, against the fp16 query), else a cross-warp sum per tile. Needs `exact`.
   fold_zeros: each zero folded into its plane as zero / scale (fp16 code + z / s, one more fp16 add per
     pair of codes): no zero term, so no cross-warp sum but the max's per tile. Needs `exact`.
+  dequant_in_a: the A registers hold the dequantized tile (code * scale + zero, fp16; scale and zero per
+    k column: key channel or value token), against the query and the probabilities as stored (fp16):
+    no per-tile q * s product, store or commit for the keys, no zero terms. Needs `exact`.
+  tiles_per_step: 128-token tiles per pipeline step (1 or 2; 2 needs `dequant_in_a`): one max, one store
+    and commit, one set of copies per 256 tokens.
   lazy_sums: l and the value zeros' term kept as per-thread [128, 16] sums, reduced once at the end
     (+32 registers), else a cross-warp sum each per tile.
   unpack: "shift" shifts each word per plane (uint16 shifts are scalar in PTX: session 11's PTX has 224
@@ -113,6 +118,8 @@ class Options:
   exact: bool = True
   zero_mma: bool = False
   fold_zeros: bool = False
+  dequant_in_a: bool = False
+  tiles_per_step: int = 1
   lazy_sums: bool = False
   unpack: str = "shift"
   lag: int | None = 1
@@ -124,6 +131,10 @@ class Options:
       raise ValueError("zero_mma needs exact planes (the offset's correction is a cross-warp sum anyway)")
     if self.fold_zeros and (self.zero_mma or not self.exact):
       raise ValueError("fold_zeros needs exact planes and no zero_mma")
+    if self.dequant_in_a and (self.zero_mma or self.fold_zeros or not self.exact):
+      raise ValueError("dequant_in_a needs exact planes and neither zero_mma nor fold_zeros")
+    if self.tiles_per_step not in (1, 2) or self.tiles_per_step == 2 and not self.dequant_in_a:
+      raise ValueError(f"tiles_per_step must be 1, or 2 with dequant_in_a, got {self.tiles_per_step}")
     if self.unpack not in ("shift", "mask"):
       raise ValueError(f"unpack must be 'shift' or 'mask', got {self.unpack!r}")
     if self.unpack == "mask" and not self.exact:
@@ -143,6 +154,11 @@ VARIANTS = {
     "folded_lazy": Options(fold_zeros=True, lazy_sums=True),
     "folded_mask": Options(fold_zeros=True, unpack="mask"),
     "folded_lazy_mask": Options(fold_zeros=True, lazy_sums=True, unpack="mask"),
+    "dequant": Options(dequant_in_a=True, lazy_sums=True),
+    "dequant_mask": Options(dequant_in_a=True, lazy_sums=True, unpack="mask"),
+    "dequant_sum": Options(dequant_in_a=True, unpack="mask"),
+    "dequant2": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", tiles_per_step=2),
+    "dequant2_sum": Options(dequant_in_a=True, unpack="mask", tiles_per_step=2),
 }
 
 
@@ -168,6 +184,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if not isinstance(variant, Options) and variant not in VARIANTS:
     raise ValueError(f"variant must be an Options or one of {tuple(VARIANTS)}, got {variant!r}")
   opt = variant if isinstance(variant, Options) else VARIANTS[variant]
+  if (s // TILE // num_splits) % opt.tiles_per_step:
+    raise ValueError(f"the capacity {s} must be a multiple of {TILE} x num_splits ({num_splits}) x "
+                     f"tiles_per_step ({opt.tiles_per_step})")
   expect = {"kc": (b, kh, s, 16), "ks": (b, kh, s // TILE, h), "kz": (b, kh, s // TILE, h),
             "vc": (b, kh, s // TILE, h, 16), "vs": (b, kh, s), "vz": (b, kh, s)}
   for name, arr in zip(expect, (kc, ks, kz, vc, vs, vz)):
@@ -195,16 +214,58 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       plgpu.wgmma_wait(0)
     return pl.run_state(scope)(plgpu.ACC.init(init))
 
-  def plane_pairs(words, b_ref, zs_ref=None):
-    """(A builder, B slab) per plane; with zs_ref, plane m adds zs_ref[16 m: 16 m + 16] (per k column)."""
+  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None):
+    """(A builder, B slab) per plane; plane m is code (* scale_ref[16 m: 16 m + 16]) (+ add_ref[16 m:
+    16 m + 16]), those [16] vectors per k column, broadcast over the rows."""
     hi = lax.shift_right_logical(words, jnp.uint16(10)) if opt.unpack == "mask" else None
+    col = lambda ref, m: jnp.broadcast_to(ref[pl.ds(16 * m, 16)].astype(jnp.float16)[None, :], words.shape)
 
     def a(m):
       x = _plane_masked(words, hi, m) if opt.unpack == "mask" else _plane(words, m, opt.exact)
-      if zs_ref is not None:
-        x = x + jnp.broadcast_to(zs_ref[pl.ds(16 * m, 16)][None, :], x.shape)
-      return x
+      if scale_ref is not None:
+        x = x * col(scale_ref, m)
+      return x if add_ref is None else x + col(add_ref, m)
     return [(functools.partial(a, m), b_ref.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
+
+  def softmax(scs, first_tile, m_prev, length):
+    """Masked online softmax over consecutive tiles' [TILE, N] logits (one cross-warp max for all)."""
+    rows = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
+    oks = [(first_tile + j) * TILE + rows < length for j in range(len(scs))]
+    scs = [jnp.where(ok, sc, NEG) for ok, sc in zip(oks, scs)]
+    top = functools.reduce(jnp.maximum, scs)
+    m_new = jnp.maximum(m_prev, jnp.max(top, axis=0))
+    alpha = jnp.exp2(m_prev - m_new)
+    return [jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0) for ok, sc in zip(oks, scs)], m_new, alpha
+
+  def dequant_step(length, pt_smem, q16_smem):
+    """The step of `dequant_in_a` over `tiles_per_step` tiles: codes * scale + zero in the A registers,
+    against the fp16 query (stored once) and the fp16 probabilities: one shared-memory store and one
+    commit per step."""
+    nt = opt.tiles_per_step
+    rows = lambda ref, j, size: ref.at[pl.ds(size * j, size)]
+
+    def step(idx, kc_s, vc_s, ks_s, kz_s, vs_s, vz_s, carry):
+      o, m_prev, l_prev, cv = carry
+      with jax.named_scope("kmma"):
+        scs = [mma(jnp.zeros((TILE, ROWS), jnp.float32),
+                   plane_pairs(plgpu.load(rows(kc_s, j, TILE), layout=plgpu.Layout.WGMMA), q16_smem,
+                               rows(kz_s, j, h), rows(ks_s, j, h))) for j in range(nt)]
+      with jax.named_scope("softmax"):
+        ps, m_new, alpha = softmax(scs, (lax.axis_index("s") * per // nt + idx[0]) * nt, m_prev, length)
+      with jax.named_scope("vprep"):
+        for j, p in enumerate(ps):
+          rows(pt_smem, j, TILE)[...] = p.astype(jnp.float16)
+        p = functools.reduce(jnp.add, ps)
+        l_new = l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
+        plgpu.commit_smem()
+      with jax.named_scope("vmma"):
+        pairs = []
+        for j in range(nt):
+          pairs += plane_pairs(plgpu.load(rows(vc_s, j, h), layout=plgpu.Layout.WGMMA), rows(pt_smem, j, TILE),
+                               rows(vz_s, j, TILE), rows(vs_s, j, TILE))
+        o = mma(o * alpha[None, :], pairs)
+      return o, m_new, l_new, cv
+    return step
 
   def body(q_g, len_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, o_g, m_g, l_g, qs_smem, pt_smem, q_smem, q16_smem,
            zsk_smem, zsv_smem, bar):
@@ -212,7 +273,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
     plgpu.barrier_wait(bar)
     q_reg = None if opt.q_in_smem else q_smem[...]  # [H, N]
-    if opt.zero_mma:
+    if opt.zero_mma or opt.dequant_in_a:
       q16_smem[...] = q_smem[...].astype(jnp.float16)
       plgpu.commit_smem()
     length = len_g[bi]
@@ -242,11 +303,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         sc = mma(jnp.zeros((TILE, ROWS), jnp.float32),
                  extra + plane_pairs(words, qs_smem, zsk_smem if opt.fold_zeros else None)) + ck
       with jax.named_scope("softmax"):
-        ok = (si * per + t) * TILE + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0) < length
-        sc = jnp.where(ok, sc, NEG)
-        m_new = jnp.maximum(m_prev, jnp.max(sc, axis=0))
-        alpha = jnp.exp2(m_prev - m_new)
-        p = jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0)
+        (p,), m_new, alpha = softmax([sc], si * per + t, m_prev, length)
       with jax.named_scope("vprep"):
         vsc, vzr = vs_s[...].astype(jnp.float32), vz_s[...].astype(jnp.float32)  # [TILE]
         pt16 = (p * vsc[:, None]).astype(jnp.float16)
@@ -270,25 +327,27 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       return o, m_new, l_new, cv
 
     acc_shape = (TILE, ROWS) if opt.lazy_sums else (ROWS,)
-    cv_shape = (1,) if opt.fold_zeros else acc_shape  # folded zeros: no value zero term
+    cv_shape = (1,) if opt.fold_zeros or opt.dequant_in_a else acc_shape  # zeros in A: no value zero term
     init = (jnp.zeros((h, ROWS), jnp.float32), jnp.full((ROWS,), NEG, jnp.float32),
             jnp.zeros(acc_shape, jnp.float32), jnp.zeros(cv_shape, jnp.float32))
-    tile_of = lambda t: si * per + t
+    nt = opt.tiles_per_step
+    tile_of = lambda t: si * (per // nt) + t  # in blocks of nt tiles
     pipe = plgpu.emit_pipeline(
-        step, grid=(per,), max_concurrent_steps=stages, init_carry=init,
-        in_specs=[plgpu.BlockSpec((TILE, 16), lambda t: (tile_of(t), 0), transforms=code_tiles),
-                  plgpu.BlockSpec((h, 16), lambda t: (tile_of(t), 0), transforms=code_tiles),
-                  plgpu.BlockSpec((h,), lambda t: (tile_of(t),)),
-                  plgpu.BlockSpec((h,), lambda t: (tile_of(t),)),
-                  plgpu.BlockSpec((TILE,), lambda t: (tile_of(t),)),
-                  plgpu.BlockSpec((TILE,), lambda t: (tile_of(t),))])
+        dequant_step(length, pt_smem, q16_smem) if opt.dequant_in_a else step, grid=(per // nt,),
+        max_concurrent_steps=stages, init_carry=init,
+        in_specs=[plgpu.BlockSpec((nt * TILE, 16), lambda t: (tile_of(t), 0), transforms=code_tiles),
+                  plgpu.BlockSpec((nt * h, 16), lambda t: (tile_of(t), 0), transforms=code_tiles),
+                  plgpu.BlockSpec((nt * h,), lambda t: (tile_of(t),)),
+                  plgpu.BlockSpec((nt * h,), lambda t: (tile_of(t),)),
+                  plgpu.BlockSpec((nt * TILE,), lambda t: (tile_of(t),)),
+                  plgpu.BlockSpec((nt * TILE,), lambda t: (tile_of(t),))])
     o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
                            vs_g.at[bi, ki], vz_g.at[bi, ki])
     if opt.lazy_sums:
       l_f = jnp.sum(l_f, axis=0)
-      if not opt.fold_zeros:
+      if not (opt.fold_zeros or opt.dequant_in_a):
         cv = jnp.sum(cv, axis=0)
-    o_g[bi, ki, si] = o if opt.fold_zeros else o + cv[None, :]
+    o_g[bi, ki, si] = o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :]
     m_g[bi, ki, si] = m_f
     l_g[bi, ki, si] = l_f
 
@@ -301,7 +360,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                 jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32)),
       grid=(b, kh, num_splits), grid_names=("b", "k", "s"),
       scratch_types=[plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
-                     plgpu.SMEM((TILE, ROWS), jnp.float16, transforms=b_tiles),
+                     plgpu.SMEM((opt.tiles_per_step * TILE, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h, ROWS), jnp.float32),
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16), plgpu.Barrier(num_arrivals=1)],
