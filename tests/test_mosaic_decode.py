@@ -1,0 +1,54 @@
+"""`pallas_kernels.gpu.mosaic_decode`: the Mosaic KIVI-2 kernel over a real `kvjax` cache (built by
+`prefill` and `append`, so the library's quantization, packing and residual window) equals
+`kvjax.attention.decode_attention` in Mosaic GPU's CPU interpreter: ragged lengths, an empty sequence,
+lengths below, at and past the residual, a window that straddles a quantized key group."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kvjax import attention, cache as kvcache, formats
+from pallas_kernels import test_base
+from pallas_kernels.gpu import mosaic_decode as md
+
+
+def _cache(lengths, capacity=512, kv_heads=2, appends=0, seed=0):
+  fmt = formats.preset("kivi2_g128")
+  rng = np.random.default_rng(seed)
+  b = len(lengths)
+  c = kvcache.init_cache(fmt, b, kv_heads, capacity, 128)
+  t = max(max(lengths), 1)
+  kv = lambda: jnp.asarray(rng.normal(size=(b, kv_heads, t, 128)) + rng.normal(size=(1, kv_heads, 1, 128)),
+                           jnp.float32)
+  c = kvcache.prefill(c, kv(), kv(), jnp.asarray(lengths, jnp.int32))
+  for _ in range(appends):  # decode steps: the residual fills and flushes one token at a time
+    one = lambda: jnp.asarray(rng.normal(size=(b, kv_heads, 1, 128)), jnp.float32)
+    c = kvcache.append(c, one(), one())
+  return c
+
+
+@pytest.mark.parametrize("lengths,appends,splits", [
+    ((300, 0), 0, 2),      # ragged; an empty sequence
+    ((127, 128), 1, 4),    # below / at the residual, then one more token (a key group flushes at 128)
+    ((385, 200), 3, 2),    # the window straddles the last quantized key group
+])
+def test_matches_the_library_reference(lengths, appends, splits):
+  c = _cache(lengths, appends=appends)
+  q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 8, 1, 128)), jnp.float32)
+  out = md.decode_attention(q, c, num_splits=splits, interpret=True, variant="folded_lazy")
+  ref = attention.decode_attention(q, c)
+  visible = np.asarray(c.lengths) > 0
+  assert test_base.relative_error(np.asarray(out)[visible], np.asarray(ref)[visible]) < 1e-3  # measured 3e-6 to 7e-5
+  np.testing.assert_array_equal(np.asarray(out)[~visible], 0.0)
+
+
+def test_refuses_what_it_does_not_take():
+  c = _cache((10,), capacity=256)
+  q = jnp.zeros((1, 8, 2, 128))
+  with pytest.raises(ValueError, match=r"q must be \[B, N, 1, 128\] .* got \(1, 8, 2, 128\)"):
+    md.decode_attention(q, c, interpret=True)
+  other = kvcache.init_cache(formats.preset("kivi2"), 1, 2, 256, 128)
+  assert "group sizes and residual must be 128" in md.supports(other)
+  with pytest.raises(ValueError, match="cache: format .* is not KIVI"):
+    md.decode_attention(jnp.zeros((1, 8, 1, 128)), kvcache.init_cache(formats.preset("int8"), 1, 2, 256, 128))
