@@ -13,7 +13,7 @@ from pallas_kernels import test_base
 from pallas_kernels.gpu import mosaic_decode as md
 
 
-def _cache(lengths, capacity=512, kv_heads=2, appends=0, seed=0):
+def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0):
   fmt = formats.preset("kivi2_g128")
   rng = np.random.default_rng(seed)
   b = len(lengths)
@@ -35,7 +35,7 @@ def _cache(lengths, capacity=512, kv_heads=2, appends=0, seed=0):
 ])
 def test_matches_the_library_reference(lengths, appends, splits):
   c = _cache(lengths, appends=appends)
-  q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 8, 1, 128)), jnp.float32)
+  q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, 1, 128)), jnp.float32)
   out = md.decode_attention(q, c, num_splits=splits, interpret=True, variant="folded_lazy")
   ref = attention.decode_attention(q, c)
   visible = np.asarray(c.lengths) > 0
@@ -45,10 +45,10 @@ def test_matches_the_library_reference(lengths, appends, splits):
 
 def test_refuses_what_it_does_not_take():
   c = _cache((10,), capacity=256)
-  q = jnp.zeros((1, 8, 2, 128))
-  with pytest.raises(ValueError, match=r"q must be \[B, N, 1, 128\] .* got \(1, 8, 2, 128\)"):
+  q = jnp.zeros((1, 4, 2, 128))
+  with pytest.raises(ValueError, match=r"q must be \[B, N, 1, 128\] .* got \(1, 4, 2, 128\)"):
     md.decode_attention(q, c, interpret=True)
-  other = kvcache.init_cache(formats.preset("kivi2"), 1, 2, 256, 128)
+  other = kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, 128)
   assert "group sizes and residual must be 128" in md.supports(other)
   with pytest.raises(ValueError, match="cache: format .* is not KIVI"):
-    md.decode_attention(jnp.zeros((1, 8, 1, 128)), kvcache.init_cache(formats.preset("int8"), 1, 2, 256, 128))
+    md.decode_attention(jnp.zeros((1, 4, 1, 128)), kvcache.init_cache(formats.preset("int8"), 1, 1, 256, 128))
