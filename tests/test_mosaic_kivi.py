@@ -25,6 +25,7 @@ def test_packing_puts_plane_m_at_bits_2m():
   kw, vw = np.asarray(mk.pack_keys(codes)), np.asarray(mk.pack_values(codes))
   c = np.asarray(codes)
   assert kw.shape == (1, 1, 256, 16) and vw.shape == (1, 1, 2, 128, 16) and kw.dtype == np.uint16
+  np.testing.assert_array_equal(np.asarray(mk.unpack_keys(mk.pack_keys(codes))), np.asarray(codes))
   for m in range(8):
     np.testing.assert_array_equal((kw >> (2 * m)) & 3, c[..., 16 * m:16 * m + 16])
     # value tile i, channel d, word j: token 128 i + j + 16 m

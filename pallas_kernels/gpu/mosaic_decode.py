@@ -54,7 +54,7 @@ def repack(cache):
 def _window_keys(kc, ks, kz, tok):
   """Dequantized keys [B, K, R, H] at token indices tok [B, R] from the kernel's key layout."""
   words = jnp.take_along_axis(kc, tok[:, None, :, None], axis=2)  # [B, K, R, 16]
-  codes = jnp.concatenate([(words >> (2 * m)) & 3 for m in range(mk.PLANES)], axis=-1)  # channel 16 m + j
+  codes = mk.unpack_keys(words)
   g = (tok // mk.TILE)[:, None, :, None]
   s = jnp.take_along_axis(ks, g, axis=2).astype(jnp.float32)
   z = jnp.take_along_axis(kz, g, axis=2).astype(jnp.float32)

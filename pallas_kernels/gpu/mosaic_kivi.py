@@ -38,7 +38,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "pack_values", "kivi2_states", "reference_states"]
+__all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
 
 TILE = 128    # tokens per pipeline step = the key group
 ROWS = 16     # query rows (N of WGMMA), padded
@@ -58,6 +58,11 @@ def _pack_planes(codes):
 def pack_keys(codes):
   """Key codes [B, K, S, H=128] (0..3) -> [B, K, S, 16] uint16 (word j: channels j + 16 m)."""
   return _pack_planes(codes)
+
+
+def unpack_keys(words):
+  """Inverse of `pack_keys`: [..., 16] uint16 -> codes [..., 128] uint8 (channel 16 m + j from word j)."""
+  return jnp.concatenate([(words >> (2 * m)) & 3 for m in range(PLANES)], axis=-1).astype(jnp.uint8)
 
 
 def pack_values(codes):
