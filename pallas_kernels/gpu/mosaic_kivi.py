@@ -219,17 +219,24 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       plgpu.wgmma_wait(0)
     return pl.run_state(scope)(plgpu.ACC.init(init))
 
+  def col(ref, m, rows):
+    """ref[16 m: 16 m + 16] (one value per k column of plane m) as fp16, broadcast over `rows` rows."""
+    return jnp.broadcast_to(ref[pl.ds(16 * m, 16)].astype(jnp.float16)[None, :], (rows, 16))
+
+  def l_update(l_prev, alpha, p):
+    """l rescaled and grown by this step's p: per-thread [TILE, N] sums (`lazy_sums`) or per column."""
+    return l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
+
   def plane_pairs(words, b_ref, add_ref=None, scale_ref=None):
     """(A builder, B slab) per plane; plane m is code (* scale_ref[16 m: 16 m + 16]) (+ add_ref[16 m:
     16 m + 16]), those [16] vectors per k column, broadcast over the rows."""
     hi = lax.shift_right_logical(words, jnp.uint16(10)) if opt.unpack == "mask" else None
-    col = lambda ref, m: jnp.broadcast_to(ref[pl.ds(16 * m, 16)].astype(jnp.float16)[None, :], words.shape)
 
     def a(m):
       x = _plane_masked(words, hi, m) if opt.unpack == "mask" else _plane(words, m, opt.exact)
       if scale_ref is not None:
-        x = x * col(scale_ref, m)
-      return x if add_ref is None else x + col(add_ref, m)
+        x = x * col(scale_ref, m, words.shape[0])
+      return x if add_ref is None else x + col(add_ref, m, words.shape[0])
     return [(functools.partial(a, m), b_ref.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
 
   def softmax(scs, first_tile, m_prev, length):
@@ -260,8 +267,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       with jax.named_scope("vprep"):
         for j, p in enumerate(ps):
           rows(pt_smem, j, TILE)[...] = p.astype(jnp.float16)
-        p = functools.reduce(jnp.add, ps)
-        l_new = l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
+        l_new = l_update(l_prev, alpha, functools.reduce(jnp.add, ps))
         plgpu.commit_smem()
       with jax.named_scope("vmma"):
         pairs = []
@@ -295,8 +301,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         if opt.fold_zeros:
           zsk_smem[...] = _zero_over_scale(kz_s[...], ks_s[...])
         elif opt.zero_mma:  # 16 channels of the zero row, broadcast over the tile's tokens
-          zrow = lambda m: jnp.broadcast_to(kz_s[pl.ds(16 * m, 16)].astype(jnp.float16)[None, :], (TILE, 16))
-          extra = [(functools.partial(zrow, m), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
+          extra = [(functools.partial(col, kz_s, m, TILE), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
         else:
           cz = qt * kz_s[...].astype(jnp.float32)[:, None]
           if not opt.exact:
@@ -315,16 +320,14 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         pt_smem[...] = pt16
         if opt.fold_zeros:
           zsv_smem[...] = _zero_over_scale(vzr, vsc)
-          l_new = l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
         elif opt.lazy_sums:  # per-thread [TILE, N] sums, reduced over the tokens once at the end
-          l_new = l_prev * alpha[None, :] + p
           cv = cv * alpha[None, :] + p * vzr[:, None]
         else:
           cz = p * vzr[:, None]
           if not opt.exact:
             cz = cz - 1024.0 * pt16.astype(jnp.float32)
-          l_new = l_prev * alpha + jnp.sum(p, axis=0)
           cv = cv * alpha + jnp.sum(cz, axis=0)
+        l_new = l_update(l_prev, alpha, p)
         plgpu.commit_smem()
       with jax.named_scope("vmma"):
         words = plgpu.load(vc_s, layout=plgpu.Layout.WGMMA)
