@@ -138,8 +138,8 @@ def plan(models, fmts, contexts, budget_bytes, tbps=HBM_TBPS):
 def _fill_leaf(key, shape, dtype):
   """Random finite contents of one cache array (fused into one kernel by jit: no f32 temp)."""
   dtype = jnp.dtype(dtype)
-  if dtype == jnp.uint8:
-    return jax.random.bits(key, shape, jnp.uint8)
+  if dtype in (jnp.uint8, jnp.uint16):  # packed codes (uint16: the "words" KIVI-2 layout)
+    return jax.random.bits(key, shape, dtype)
   if dtype == jnp.int8:
     return jax.lax.bitcast_convert_type(jax.random.bits(key, shape, jnp.uint8), jnp.int8)
   if jnp.issubdtype(dtype, jnp.floating):

@@ -51,6 +51,7 @@ from kvjax.rows import (KeyFlush, QuantRows, RowWrite, per_token_writes, flush_r
 
 __all__ = ["KVCache", "RowWrite", "KeyFlush", "QuantRows", "init_cache", "append", "scatter_writes", "flush_rows", "prefill",
            "materialize", "stack", "unstack", "static_scale_shape", "default_value_tile", "with_value_tile",
+           "default_kivi_layout",
            "VALUE_TILE"]
 
 # Tokens per tile of the tiled value layout `init_cache` picks on GPU: the Pallas decode kernel's
@@ -156,6 +157,36 @@ def with_value_tile(cache: "KVCache", tile: int) -> "KVCache":
   return cache.replace(v=v.replace(codes=codes, tile=int(tile)))
 
 
+def _words_ok(fmt: KVFormat, capacity: int, head_dim: int) -> str | None:
+  """None when `fmt`'s KIVI codes can take the "words" layout (`QArray.layout`), else why not."""
+  if not fmt.is_kivi:
+    return f"format {fmt.name!r} is not KIVI"
+  for role, spec in (("keys", fmt.key), ("values", fmt.value)):
+    if (why := quant.words_supported(spec, head_dim, capacity)) is not None:
+      return f"{role}: {why}"
+  if fmt.residual % quant.WORDS_TILE:
+    return f"needs a residual length that is a multiple of {quant.WORDS_TILE}, got {fmt.residual}"
+  return None
+
+
+def default_kivi_layout(fmt: KVFormat, capacity: int, head_dim: int, backend: str | None = None) -> str:
+  """The KIVI code layout `init_cache` picks: "words" on GPU where the Mosaic KIVI-2 kernel reads it
+  (KIVI-2, G = R = H = 128, no sink tokens; `pallas_kernels.gpu.mosaic_decode`), else "" (planar:
+  what the Triton and TPU kernels read). `backend`: default `jax.default_backend()`."""
+  backend = jax.default_backend() if backend is None else backend
+  if (backend == "gpu" and _words_ok(fmt, capacity, head_dim) is None and fmt.residual == quant.WORDS_TILE
+      and not fmt.sink):
+    return "words"
+  return ""
+
+
+def _check_kivi_layout(fmt: KVFormat, capacity: int, head_dim: int, layout) -> None:
+  if layout not in ("", "words"):
+    raise ValueError(f"kivi_layout must be '' (planar) or 'words', got {layout!r}")
+  if layout and (why := _words_ok(fmt, capacity, head_dim)) is not None:
+    raise ValueError(f"kivi_layout='words' {why}")
+
+
 def _empty_qarray(spec: QuantSpec, batch: int, heads: int, capacity: int, head_dim: int,
                   static_scale: Array | None, block: int) -> QArray:
   """All-zero storage with the shapes `quant.quantize` produces."""
@@ -174,7 +205,8 @@ def _empty_qarray(spec: QuantSpec, batch: int, heads: int, capacity: int, head_d
 
 def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head_dim: int, *,
                scales: tuple[Array | None, Array | None] | None = None,
-               num_layers: int | None = None, value_tile: int | None = None) -> KVCache:
+               num_layers: int | None = None, value_tile: int | None = None,
+               kivi_layout: str | None = None) -> KVCache:
   """An empty cache.
 
   Args:
@@ -186,6 +218,9 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
     num_layers: when set, returns a stacked cache for scan-over-layers.
     value_tile: layout of FP8 / INT8 value codes (see the module docstring): 0 token-major, T > 0
       tiles of T tokens; None: `default_value_tile` (VALUE_TILE on GPU).
+    kivi_layout: layout of KIVI codes (`QArray.layout`): "" planar, "words" the Mosaic GPU
+      kernel's uint16 words (KIVI-2, G = R = H = 128); None: `default_kivi_layout` ("words" on GPU
+      where the kernel takes the format).
   """
   for name, val in (("batch", batch), ("num_kv_heads", num_kv_heads), ("capacity", capacity),
                     ("head_dim", head_dim)):
@@ -200,11 +235,13 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
                      f"for {fmt.name!r}")
   value_tile = default_value_tile(fmt, capacity) if value_tile is None else value_tile
   _check_value_tile(fmt, capacity, value_tile)
+  kivi_layout = default_kivi_layout(fmt, capacity, head_dim) if kivi_layout is None else kivi_layout
+  _check_kivi_layout(fmt, capacity, head_dim, kivi_layout)
   if num_layers is not None:
     ks, vs = scales if scales is not None else (None, None)
     layers = [init_cache(fmt, batch, num_kv_heads, capacity, head_dim,
                          scales=(None if ks is None else ks[i], None if vs is None else vs[i]),
-                         value_tile=value_tile)
+                         value_tile=value_tile, kivi_layout=kivi_layout)
               for i in range(num_layers)]
     return stack(layers)
   ks, vs = scales if scales is not None else (None, None)
@@ -218,6 +255,9 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
   if fmt.sink > capacity:
     raise ValueError(f"sink ({fmt.sink}) must be <= capacity ({capacity})")
   v = v.replace(tile=int(value_tile))
+  if kivi_layout == "words":  # uint16 [B, K, S, 16]; scales and zeros as planar
+    words = lambda: jnp.zeros((batch, num_kv_heads, capacity, head_dim // 8), jnp.uint16)
+    k, v = k.replace(codes=words(), layout="words", block=0), v.replace(codes=words(), layout="words", block=0)
   return KVCache(k=k, v=v, k_res=res(), v_res=res(), lengths=jnp.zeros((batch,), jnp.int32), fmt=fmt,
                  k_sink=sink(), v_sink=sink())
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, UInt8
 
-__all__ = ["pack", "unpack", "codes_per_byte"]
+__all__ = ["pack", "unpack", "codes_per_byte", "pack_words", "unpack_words", "WORD_BLOCK"]
 
 
 def codes_per_byte(bits: int) -> int:
@@ -62,3 +62,36 @@ def unpack(packed: UInt8[Array, "..."], bits: int, axis: int, block: int) -> UIn
   mask = jnp.uint8(2 ** bits - 1)
   out = (x >> shifts) & mask
   return out.reshape(shape[:axis] + (length,) + shape[axis + 1:])
+
+
+# The uint16 word layout of 2-bit codes that the Mosaic GPU KIVI-2 kernel reads
+# (`pallas_kernels.gpu.mosaic_kivi`; `QArray.layout == "words"`): each run of
+# WORD_BLOCK = 128 codes becomes 16 uint16 words, word j holding codes
+# ``j + 16 m`` (m = 0..7) at bits ``[2 m, 2 m + 2)``. Plane m of a word tile is
+# then one contiguous 16-wide slab of the contraction axis.
+WORD_BLOCK = 128
+WORD_PLANES = 8
+
+
+def pack_words(codes: UInt8[Array, "... n"]) -> Array:
+  """2-bit codes ``[..., 128 w]`` (values 0..3) -> uint16 words ``[..., 16 w]`` (see `WORD_BLOCK`)."""
+  n = codes.shape[-1]
+  if n % WORD_BLOCK:
+    raise ValueError(f"pack_words: the last axis ({n}) must be a multiple of {WORD_BLOCK}")
+  x = codes.astype(jnp.uint16).reshape(codes.shape[:-1] + (n // WORD_BLOCK, WORD_PLANES, WORD_BLOCK // WORD_PLANES))
+  out = x[..., 0, :]
+  for m in range(1, WORD_PLANES):
+    out = out | (x[..., m, :] << (2 * m))
+  return out.reshape(codes.shape[:-1] + (n // WORD_PLANES,))
+
+
+def unpack_words(words: Array) -> UInt8[Array, "..."]:
+  """Inverse of `pack_words`: uint16 ``[..., 16 w]`` -> codes ``[..., 128 w]`` uint8."""
+  n = words.shape[-1]
+  per = WORD_BLOCK // WORD_PLANES
+  if n % per:
+    raise ValueError(f"unpack_words: the last axis ({n}) must be a multiple of {per}")
+  x = words.reshape(words.shape[:-1] + (n // per, 1, per))
+  shifts = (jnp.arange(WORD_PLANES, dtype=jnp.uint16) * 2).reshape(WORD_PLANES, 1)
+  out = (x >> shifts) & jnp.uint16(3)
+  return out.reshape(words.shape[:-1] + (n * WORD_PLANES,)).astype(jnp.uint8)

@@ -23,7 +23,7 @@ from kvjax import packing
 from kvjax.formats import FP8_DTYPES, FP8Spec, IntSpec, KIVISpec, Passthrough, QuantSpec
 
 __all__ = ["QArray", "quantize", "dequantize", "compute_scale", "round_up", "round_down", "step_for",
-           "div_round", "tile_tokens", "untile_tokens"]
+           "div_round", "tile_tokens", "untile_tokens", "words_supported", "words_layout", "unwords_layout", "WORDS_TILE"]
 
 
 @struct.dataclass
@@ -44,6 +44,12 @@ class QArray:
       bytes of ``codes[..., i*T:(i+1)*T, :]`` are the ``[H, T]`` transpose of those tokens' codes
       (`tile_tokens`), so a decode kernel's p.v operand has adjacent token pairs. The array shape
       stays ``[..., S, H]``; `unpacked_codes` / `dequantize` undo the transpose.
+    layout: static code layout of KIVI-2 with G = H = 128. "" (planar, `kvjax.packing.pack`) or
+      "words": uint16 ``[..., S, 16]`` as the Mosaic GPU kernel reads them (`packing.pack_words`:
+      8 codes a word, packed across the group axis). Keys (``axis="token"``): row t is token t,
+      its 128 channels in 16 words. Values (``axis="channel"``): each 128-token tile stored
+      transposed, row ``128 i + h`` holding channel h of tile i's 128 tokens in 16 words
+      (`words_layout` / `unwords_layout`).
   """
 
   codes: Array
@@ -52,9 +58,12 @@ class QArray:
   spec: Any = struct.field(pytree_node=False)
   block: int = struct.field(pytree_node=False, default=0)
   tile: int = struct.field(pytree_node=False, default=0)
+  layout: str = struct.field(pytree_node=False, default="")
 
   @property
   def packed_axis(self) -> int | None:
+    if self.layout == "words":
+      return self.codes.ndim - 1
     bits = getattr(self.spec, "bits", 8)
     if bits >= 8:
       return None
@@ -66,7 +75,9 @@ class QArray:
   def shape(self) -> tuple[int, ...]:
     """Logical (unpacked) shape."""
     shape = list(self.codes.shape)
-    if self.packed_axis is not None:
+    if self.layout == "words":
+      shape[-1] *= packing.WORD_PLANES
+    elif self.packed_axis is not None:
       shape[self.packed_axis] *= packing.codes_per_byte(self.spec.bits)
     return tuple(shape)
 
@@ -205,7 +216,7 @@ def _expand_groups(a: Array, spec: KIVISpec) -> Array:
 
 
 def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None = None,
-             block: int | None = None) -> QArray:
+             block: int | None = None, layout: str = "") -> QArray:
   """Quantizes `x` according to `spec`.
 
   Args:
@@ -215,12 +226,15 @@ def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None
       required for static FP8 granularities, ignored otherwise.
     block: planar packing block along the packed axis (default: the whole axis).
       The cache packs keys in blocks of R tokens.
+    layout: "" (planar) or "words" (KIVI-2, G = H = 128, S a multiple of 128; `QArray.layout`).
 
   Returns:
     A `QArray` whose `dequantize` approximates `x`.
   """
   if x.ndim < 2:
     raise ValueError(f"x must have rank >= 2 ([..., S, H]), got shape {x.shape}")
+  if layout not in ("", "words") or layout and not isinstance(spec, KIVISpec):
+    raise ValueError(f"layout must be '' or 'words' (KIVI-2 only), got {layout!r} for {spec}")
   if isinstance(spec, Passthrough):
     return QArray(codes=x.astype(spec.dtype), scale=None, zero=None, spec=spec, block=0)
   xf = x.astype(jnp.float32)
@@ -251,6 +265,10 @@ def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None
   sf = _expand_groups(s, spec)
   zf = _expand_groups(zero, spec)
   codes = jnp.clip(div_round(xf - zf, sf), 0, spec.qmax).astype(jnp.uint8)
+  if layout == "words":
+    if (why := words_supported(spec, x.shape[-1], x.shape[-2])) is not None:
+      raise ValueError(f"layout='words' {why} (x shape {x.shape})")
+    return QArray(codes=words_layout(codes, spec), scale=s, zero=zero, spec=spec, layout="words")
   axis = -2 if spec.axis == "token" else -1
   blk = block or x.shape[axis]
   return QArray(codes=packing.pack(codes, spec.bits, axis=axis, block=blk), scale=s, zero=zero,
@@ -278,8 +296,37 @@ def untile_tokens(x: Array, tile: int) -> Array:
   return jnp.swapaxes(x.reshape(*lead, s // tile, h, tile), -1, -2).reshape(x.shape)
 
 
+WORDS_TILE = packing.WORD_BLOCK  # tokens per transposed value tile of the "words" layout (= G = H)
+
+
+def words_supported(spec: QuantSpec, head_dim: int, capacity: int) -> str | None:
+  """None when `spec` codes of a ``[.., capacity, head_dim]`` array can take the "words" layout, else why."""
+  if not (isinstance(spec, KIVISpec) and spec.bits == 2 and spec.group_size == WORDS_TILE):
+    return f"needs KIVI-2 with group_size {WORDS_TILE}, got {spec}"
+  if head_dim != WORDS_TILE:
+    return f"needs head_dim {WORDS_TILE}, got {head_dim}"
+  if capacity % WORDS_TILE:
+    return f"needs a capacity that is a multiple of {WORDS_TILE}, got {capacity}"
+  return None
+
+
+def words_layout(codes: Array, spec: KIVISpec) -> Array:
+  """Unpacked KIVI-2 codes ``[..., S, 128]`` -> the "words" layout ``[..., S, 16]`` uint16 (`QArray.layout`)."""
+  if spec.axis == "channel":  # values: 128-token tiles transposed, words along the tile's tokens
+    codes = tile_tokens(codes, WORDS_TILE)
+  return packing.pack_words(codes)
+
+
+def unwords_layout(words: Array, spec: KIVISpec) -> Array:
+  """Inverse of `words_layout`: codes ``[..., S, 128]`` uint8."""
+  codes = packing.unpack_words(words)
+  return untile_tokens(codes, WORDS_TILE) if spec.axis == "channel" else codes
+
+
 def unpacked_codes(q: QArray) -> Array:
   """Integer codes with the packing (and any token tiling) undone (int4 bias removed)."""
+  if q.layout == "words":
+    return unwords_layout(q.codes, q.spec)
   if q.tile:
     return untile_tokens(q.codes, q.tile)
   spec = q.spec

@@ -49,6 +49,23 @@ def _scatter_tiled(dst: Array, new: Array, pos: Array, tile: int) -> Array:
   return jax.vmap(one)(dst.reshape(b, k, s // tile, x, tile), new, pos).reshape(dst.shape)
 
 
+def _scatter_planes(dst: Array, new: Array, pos: Array) -> Array:
+  """2-bit codes new [B, K, n, 128] of tokens pos [B, n] into a "words" value leaf dst [B, K, S, 16]
+  (`QArray.layout`): token p's code of channel h goes to bits 2 ((p % 128) // 16) of word p % 16 in
+  row 128 (p // 128) + h; other bits are kept. Each token's field is replaced by adding
+  (new - old) << shift modulo 2^16: exact, and order-free when tokens of one append share words."""
+  w = quant.WORDS_TILE
+  s = dst.shape[2]
+  def one(d, c, p):  # d [K, S, 16], c [K, n, H], p [n]; p >= S: dropped (rows out of range)
+    rows = (p // w * w)[:, None] + jnp.arange(c.shape[-1])[None, :]  # [n, H]
+    col = (p % 16)[:, None]
+    shift = (2 * ((p % w) // 16)).astype(jnp.uint16)[None, :, None]
+    old = (d[:, jnp.clip(rows, 0, s - 1), col] >> shift) & jnp.uint16(3)  # [K, n, H]
+    delta = (c.astype(jnp.uint16) - old) << shift
+    return d.at[:, rows, col].add(delta, mode="drop")
+  return jax.vmap(one)(dst, new, pos)
+
+
 @dataclasses.dataclass(frozen=True)
 class RowWrite:
   """One append's store into a cache leaf: `new` ``[B, K, n, X...]`` at token rows `pos` ``[B, n]``
@@ -57,6 +74,8 @@ class RowWrite:
   `leaf` names the cache leaf ("k.codes", "v.scale", "k.zero", "v_res", "k_sink", ...).
   `tile` > 0: the leaf is stored in tiles of `tile` tokens (`QArray.tile`): token p's X elements
   go to column ``p % tile`` of tile ``p // tile``, viewed ``[B, K, S' / tile, X, tile]``.
+  `planes`: the leaf holds "words" KIVI-2 value codes (`QArray.layout`) and `new` the tokens' codes
+  ``[B, K, n, 128]`` (0..3), each stored in its bit plane (`_scatter_planes`).
   """
 
   leaf: str
@@ -64,6 +83,7 @@ class RowWrite:
   new: Array
   pos: Array
   tile: int = 0
+  planes: bool = False
 
 
 def get_leaf(cache: "KVCache", name: str) -> Array:
@@ -91,7 +111,8 @@ def scatter_writes(cache: "KVCache", writes: Sequence["RowWrite | KeyFlush | Qua
   out = {}
   for w in writes:
     leaf = out.get(w.leaf, get_leaf(cache, w.leaf))
-    scatter = functools.partial(_scatter_tiled, tile=w.tile) if w.tile else _scatter_tokens
+    scatter = (_scatter_planes if w.planes else functools.partial(_scatter_tiled, tile=w.tile) if w.tile
+               else _scatter_tokens)
     out[w.leaf] = scatter(leaf.reshape(w.view), w.new, w.pos).reshape(leaf.shape)
   return set_leaves(cache, out)
 
@@ -101,6 +122,9 @@ def _write_per_token(old: QArray, new: QArray, pos: Array, role: str) -> list[Ro
   names = ["codes"]
   if not (old.scale is None or (isinstance(old.spec, FP8Spec) and old.spec.static)):
     names += ["scale"] + ([] if old.zero is None else ["zero"])
+  if old.layout == "words":  # codes into their bit planes of the transposed tiles
+    return [RowWrite(f"{role}.codes", old.codes.shape, quant.unpacked_codes(new), pos, planes=True)] + [
+        RowWrite(f"{role}.{n}", getattr(old, n).shape, getattr(new, n), pos) for n in names[1:]]
   return [RowWrite(f"{role}.{n}", getattr(old, n).shape, getattr(new, n), pos,
                    tile=old.tile if n == "codes" else 0) for n in names]
 
@@ -191,13 +215,13 @@ def flush_rows(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array]:
   blocks = buf[:, :, : n_blocks * r_len].reshape(b, h, n_blocks, r_len, d)
   if fmt.sink:
     blocks = _without_sinks(blocks, lengths - r, fmt.sink)
-  qb = quant.quantize(blocks.astype(jnp.float32), fmt.key, block=r_len)
+  qb = quant.quantize(blocks.astype(jnp.float32), fmt.key, block=r_len, layout=cache.k.layout)
   # Store block i at block index Lq / R + i when i < full; others dropped.
   n_stored = cache.capacity // r_len
   blk = jnp.arange(n_blocks)
   dest = jnp.where(blk[None] < full[:, None], (lengths - r)[:, None] // r_len + blk[None], n_stored)
 
-  writes = [RowWrite(f"k.{n}", (b, h, n_stored, -1, d), getattr(qb, n), dest)
+  writes = [RowWrite(f"k.{n}", (b, h, n_stored, -1, getattr(qb, n).shape[-1]), getattr(qb, n), dest)
             for n in ("codes", "scale", "zero")]
   start = full * r_len
   res = jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, r_len, axis=1))(buf, start)

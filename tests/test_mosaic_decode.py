@@ -1,7 +1,8 @@
 """`pallas_kernels.gpu.mosaic_decode`: the Mosaic KIVI-2 kernel over a real `kvjax` cache (built by
 `prefill` and `append`, so the library's quantization, packing and residual window) equals
 `kvjax.attention.decode_attention` in Mosaic GPU's CPU interpreter: ragged lengths, an empty sequence,
-lengths below, at and past the residual, a window that straddles a quantized key group."""
+lengths below, at and past the residual, a window that straddles a quantized key group; caches in the
+planar layout (converted per call) and in the "words" layout (read as stored, dispatched by `ops`)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,14 +11,14 @@ import pytest
 
 from kvjax import attention, cache as kvcache, formats
 from pallas_kernels import test_base
-from pallas_kernels.gpu import mosaic_decode as md
+from pallas_kernels.gpu import mosaic_decode as md, ops
 
 
-def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0):
+def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0, layout=""):
   fmt = formats.preset("kivi2_g128")
   rng = np.random.default_rng(seed)
   b = len(lengths)
-  c = kvcache.init_cache(fmt, b, kv_heads, capacity, 128)
+  c = kvcache.init_cache(fmt, b, kv_heads, capacity, 128, kivi_layout=layout)
   t = max(max(lengths), 1)
   kv = lambda: jnp.asarray(rng.normal(size=(b, kv_heads, t, 128)) + rng.normal(size=(1, kv_heads, 1, 128)),
                            jnp.float32)
@@ -28,15 +29,21 @@ def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0):
   return c
 
 
-@pytest.mark.parametrize("lengths,appends,splits", [
-    ((300, 0), 0, 2),      # ragged; an empty sequence
-    ((127, 128), 1, 4),    # below / at the residual, then one more token (a key group flushes at 128)
-    ((385, 200), 3, 2),    # the window straddles the last quantized key group
+@pytest.mark.parametrize("lengths,appends,splits,layout,via_ops", [
+    ((300, 0), 0, 2, "", False),          # ragged; an empty sequence; planar codes (repacked)
+    ((127, 128), 1, 4, "words", True),    # below / at the residual, then one more token (a key group
+                                          # flushes at 128); the kernel's layout, through ops
+    ((385, 200, 509), 3, None, "words", False),  # the window straddles the last quantized key group;
+                                                 # a full cache; default splits
 ])
-def test_matches_the_library_reference(lengths, appends, splits):
-  c = _cache(lengths, appends=appends)
+def test_matches_the_library_reference(lengths, appends, splits, layout, via_ops):
+  c = _cache(lengths, appends=appends, layout=layout)
   q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, 1, 128)), jnp.float32)
-  out = md.decode_attention(q, c, num_splits=splits, interpret=True, variant="folded_lazy")
+  if via_ops:
+    out = ops.decode_attention(q, c, num_splits=splits, interpret=True)
+  else:
+    out = md.decode_attention(q, c, num_splits=splits, interpret=True,
+                              variant="folded_lazy" if layout == "" else md.DEFAULT_VARIANT)
   ref = attention.decode_attention(q, c)
   visible = np.asarray(c.lengths) > 0
   assert test_base.relative_error(np.asarray(out)[visible], np.asarray(ref)[visible]) < 1e-3  # measured 3e-6 to 7e-5

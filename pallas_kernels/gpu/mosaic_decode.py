@@ -1,10 +1,9 @@
 """KIVI-2 (G=128) decode attention over a `kvjax` cache through the Mosaic GPU kernel
 (`mosaic_kivi.kivi2_states`): the semantics of `kvjax.attention.decode_attention`, residual window
-included. Experimental, not dispatched by `ops`.
-
-The cache stores KIVI codes in the library's planar layout (`kvjax.packing`), not the kernel's, so
-`repack` converts them: a pass over the whole cache per call, a bridge that checks the semantics end to
-end until the cache stores the kernel's layout itself (`benchmarks/NOTES_gpu.md`, session 11).
+included. `ops.decode_attention` dispatches here for caches in the "words" layout
+(`QArray.layout`, `kvjax.cache.default_kivi_layout`: the GPU default for KIVI-2 G = R = H = 128),
+whose codes the kernel reads as stored. A cache in the planar layout (`kvjax.packing`) is converted
+by `repack` first: a pass over the whole cache per call, for tests and planar caches only.
 
 Split of the work, with L = length, R = the residual length, Lq = L - L % R:
   * tokens [0, L - R): quantized keys and values: the kernel's splits;
@@ -22,7 +21,24 @@ from kvjax import quant
 from kvjax.formats import KIVISpec
 from pallas_kernels.gpu import decode, mosaic_kivi as mk
 
-__all__ = ["supports", "repack", "window_states", "decode_attention"]
+__all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT"]
+
+# Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
+# 8 splits (144.2 at 4), folded_lazy (session 11's default) 185.0 / 190.9, dequant2 136.3 at 4; B=1 32k
+# dequant_mask 27.9 us at 32 splits.
+DEFAULT_VARIANT = "dequant_mask"
+TARGET_PROGRAMS = 512  # B=8 x 8 KV heads x 8 splits: the best of 4 / 8 at 32k; 1 x 8 x 32 at B=1
+MAX_SPLITS = 32        # the most timed
+
+
+def default_splits(batch: int, kv_heads: int, tiles: int, tiles_per_step: int = 1) -> int:
+  """Splits of the context for `batch` x `kv_heads` programs over `tiles` 128-token tiles: the largest
+  power of two <= TARGET_PROGRAMS / programs (and MAX_SPLITS) that divides the tiles into whole steps."""
+  ns = 1
+  while (ns * 2 <= min(MAX_SPLITS, TARGET_PROGRAMS // max(1, batch * kv_heads))
+         and tiles % (ns * 2 * tiles_per_step) == 0):
+    ns *= 2
+  return ns
 
 
 def supports(cache) -> str | None:
@@ -45,9 +61,14 @@ def supports(cache) -> str | None:
 
 
 def repack(cache):
-  """The cache's KIVI-2 arrays in the kernel's layout: (kc, ks, kz, vc, vs, vz) as `kivi2_states` takes."""
-  kc = mk.pack_keys(quant.unpacked_codes(cache.k))
-  vc = mk.pack_values(quant.unpacked_codes(cache.v))
+  """The cache's KIVI-2 arrays as `kivi2_states` takes them: (kc, ks, kz, vc, vs, vz). Free for a
+  "words" cache (reshapes); a full pass over the codes for a planar one."""
+  if cache.k.layout == "words" and cache.v.layout == "words":
+    b, kh, s, _ = cache.v.codes.shape
+    kc, vc = cache.k.codes, cache.v.codes.reshape(b, kh, s // mk.TILE, mk.TILE, 16)
+  else:
+    kc = mk.pack_keys(quant.unpacked_codes(cache.k))
+    vc = mk.pack_values(quant.unpacked_codes(cache.v))
   return kc, cache.k.scale, cache.k.zero, vc, cache.v.scale[..., 0], cache.v.zero[..., 0]
 
 
@@ -83,9 +104,10 @@ def window_states(q, cache, kc, ks, kz):
   return o[:, :, None], m[:, :, None], jnp.sum(p, axis=-1)[:, :, None]
 
 
-def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int = 4,
-                     variant: str | mk.Options = "folded_lazy", interpret: bool = False):
-  """q [B, N, 1, H] -> [B, N, 1, H] attention over a KIVI-2 G=128 cache (one query token)."""
+def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
+                     variant: str | mk.Options = DEFAULT_VARIANT, interpret: bool = False):
+  """q [B, N, 1, H] -> [B, N, 1, H] attention over a KIVI-2 G=128 cache (one query token).
+  num_splits: None picks `default_splits`."""
   if (why := supports(cache)) is not None:
     raise ValueError(f"cache: {why}")
   b, n, t, h = q.shape
@@ -97,6 +119,9 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
   qs = q.astype(jnp.float32).reshape(b, kh, rep, h) * scale  # [B, K, rep, H]
   kc, ks, kz, vc, vs, vz = repack(cache)
+  if num_splits is None:
+    opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
+    num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
   o_t, m, l = mk.kivi2_states(q_t, jnp.maximum(cache.lengths - cache.fmt.residual, 0), kc, ks, kz, vc, vs, vz,
                               num_splits=num_splits, variant=variant, interpret=interpret)

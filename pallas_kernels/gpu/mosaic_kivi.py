@@ -38,6 +38,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from kvjax import packing
+
 __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
 
 TILE = 128    # tokens per pipeline step = the key group
@@ -46,30 +48,23 @@ PLANES = 8    # 2-bit codes per uint16 word
 NEG = -1e30
 
 
-def _pack_planes(codes):
-  """[..., 8 * w] codes 0..3 -> [..., w] uint16, word j holding entries j + w m at bits 2m."""
-  w = codes.shape[-1] // PLANES
-  out = jnp.zeros(codes.shape[:-1] + (w,), jnp.uint16)
-  for m in range(PLANES):
-    out = out | (codes[..., m * w:(m + 1) * w].astype(jnp.uint16) << (2 * m))
-  return out
-
-
 def pack_keys(codes):
-  """Key codes [B, K, S, H=128] (0..3) -> [B, K, S, 16] uint16 (word j: channels j + 16 m)."""
-  return _pack_planes(codes)
+  """Key codes [B, K, S, H=128] (0..3) -> [B, K, S, 16] uint16 (word j: channels j + 16 m):
+  `kvjax.packing.pack_words`, the cache's "words" key layout."""
+  return packing.pack_words(codes)
 
 
 def unpack_keys(words):
   """Inverse of `pack_keys`: [..., 16] uint16 -> codes [..., 128] uint8 (channel 16 m + j from word j)."""
-  return jnp.concatenate([(words >> (2 * m)) & 3 for m in range(PLANES)], axis=-1).astype(jnp.uint8)
+  return packing.unpack_words(words)
 
 
 def pack_values(codes):
-  """Value codes [B, K, S, H] (0..3) -> [B, K, S / 128, H, 16] uint16 (word j: tile tokens j + 16 m)."""
+  """Value codes [B, K, S, H] (0..3) -> [B, K, S / 128, H, 16] uint16 (word j: tile tokens j + 16 m):
+  the cache's "words" value layout (`kvjax.quant.words_layout`) viewed per tile."""
   b, k, s, h = codes.shape
   tiles = codes.reshape(b, k, s // TILE, TILE, h).swapaxes(-1, -2)  # [.., tile, H, 128 tokens]
-  return _pack_planes(tiles)
+  return packing.pack_words(tiles)
 
 
 def _plane(words, m: int, exact: bool = False):

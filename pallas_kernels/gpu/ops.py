@@ -17,7 +17,7 @@ import numpy as np
 
 from kvjax.cache import KVCache
 from kvjax.formats import FP8Spec, IntSpec, Passthrough
-from pallas_kernels.gpu import decode, kivi, merge
+from pallas_kernels.gpu import decode, kivi, merge, mosaic_decode, mosaic_kivi
 
 __all__ = ["decode_attention", "plan_for", "default_splits", "quant_target", "tiled_splits", "default_warps"]
 
@@ -297,6 +297,25 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
                             num_warps=num_warps, num_stages=num_stages, interpret=interpret)
 
 
+def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, triton_options):
+  """A "words" KIVI-2 cache through `mosaic_decode` (one query token, <= 16 query heads per KV head,
+  no soft-cap or sliding window); NotImplementedError otherwise, so `dispatch` falls back to XLA."""
+  if (why := mosaic_decode.supports(cache)) is not None:
+    raise NotImplementedError(f"pallas_gpu: 'words' KIVI cache: {why}")
+  set_opts = sorted(k for k, v in triton_options.items() if v is not None)
+  if set_opts:
+    raise NotImplementedError(f"pallas_gpu: options {set_opts} tune the Triton kernels, not the Mosaic "
+                              "KIVI-2 kernel a 'words' cache goes to")
+  if softcap or window is not None:
+    raise NotImplementedError("pallas_gpu: the Mosaic KIVI-2 kernel has no logit soft-cap or sliding window")
+  b, n, t, h = q.shape
+  if t != 1 or n // cache.num_kv_heads > mosaic_kivi.ROWS:
+    raise NotImplementedError(f"pallas_gpu: the Mosaic KIVI-2 kernel takes one query token and at most "
+                              f"{mosaic_kivi.ROWS} query heads per KV head, got q {q.shape}")
+  return mosaic_decode.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits,
+                                        interpret=interpret)
+
+
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
                      interpret=None, num_splits=None, block=None, num_warps=None,
                      num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None,
@@ -320,6 +339,12 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
                      f"got {q.shape}")
   rep = n // kh
   rows = rep * t
+  if cache.k.layout == "words":  # the Mosaic KIVI-2 kernel's code layout (cache.default_kivi_layout)
+    return _mosaic_attention(q, cache, sm_scale, logit_softcap, window, interpret, num_splits,
+                             dict(block=block, num_warps=num_warps, num_stages=num_stages, narrow_qk=narrow_qk,
+                                  narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop,
+                                  prefetch=prefetch, packed_unpack=packed_unpack,
+                                  fold_value_scales=fold_value_scales))
   if rows > MAX_ROWS:
     raise NotImplementedError(f"pallas_gpu: {rows} query rows per KV head > {MAX_ROWS}")
   if interpret and packed_unpack:

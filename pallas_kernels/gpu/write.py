@@ -136,6 +136,8 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   Raises NotImplementedError where Triton cannot tile a row (its element count
   is not a power of two), so `dispatch.append` falls back to XLA scatters.
   """
+  if cache.k.layout or cache.v.layout:
+    raise NotImplementedError("pallas_gpu append: KIVI codes in the 'words' layout (XLA scatters store them)")
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
   quants = [w for w in writes if isinstance(w, QuantRows)]

@@ -1,0 +1,168 @@
+"""The "words" KIVI-2 code layout (`QArray.layout`, the Mosaic GPU kernel's): packing round trips,
+quantize / dequantize equal to the planar layout, a cache in either layout holding the same tokens
+bit for bit through prefill, ragged and decode appends (over stale bits), the defaults per backend,
+the writers and implementations that decline it, and bad inputs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvjax import cache as kvcache, dispatch, formats, packing, quant
+from kvjax.formats import KIVISpec
+from pallas_kernels.gpu import mosaic_decode, ops, write
+
+H = 128
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 3), st.integers(0, 2 ** 31 - 1))
+def test_pack_words_round_trip_and_bit_layout(blocks, seed):
+  codes = np.random.default_rng(seed).integers(0, 4, (3, 128 * blocks)).astype(np.uint8)
+  words = np.asarray(packing.pack_words(jnp.asarray(codes)))
+  assert words.dtype == np.uint16 and words.shape == (3, 16 * blocks)
+  np.testing.assert_array_equal(np.asarray(packing.unpack_words(jnp.asarray(words))), codes)
+  blk, j, m = blocks - 1, 5, 6  # word j of a block holds element j + 16 m at bits 2m
+  assert (words[1, 16 * blk + j] >> (2 * m)) & 3 == codes[1, 128 * blk + j + 16 * m]
+
+
+def test_pack_words_rejects_partial_blocks():
+  with pytest.raises(ValueError, match=r"last axis \(100\) must be a multiple of 128"):
+    packing.pack_words(jnp.zeros((2, 100), jnp.uint8))
+  with pytest.raises(ValueError, match=r"last axis \(10\) must be a multiple of 16"):
+    packing.unpack_words(jnp.zeros((2, 10), jnp.uint16))
+
+
+@pytest.mark.parametrize("axis", ["token", "channel"])
+def test_quantize_words_dequantizes_as_planar(axis):
+  x = jax.random.normal(jax.random.key(1), (2, 3, 256, H)) * 3
+  spec = KIVISpec(bits=2, group_size=128, axis=axis)
+  planar, words = quant.quantize(x, spec), quant.quantize(x, spec, layout="words")
+  assert words.codes.shape == (2, 3, 256, 16) and words.shape == x.shape and words.layout == "words"
+  np.testing.assert_array_equal(np.asarray(quant.unpacked_codes(words)), np.asarray(quant.unpacked_codes(planar)))
+  np.testing.assert_array_equal(np.asarray(quant.dequantize(words)), np.asarray(quant.dequantize(planar)))
+
+
+def test_quantize_words_rejects_formats_it_cannot_hold():
+  x = jnp.ones((1, 256, H))
+  with pytest.raises(ValueError, match="group_size 128"):
+    quant.quantize(x, KIVISpec(bits=2, group_size=32), layout="words")
+  with pytest.raises(ValueError, match="head_dim 128, got 64"):
+    quant.quantize(jnp.ones((1, 256, 64)), KIVISpec(bits=2, group_size=128), layout="words")
+  with pytest.raises(ValueError, match="layout must be '' or 'words'"):
+    quant.quantize(x, KIVISpec(bits=2, group_size=128), layout="tiles")
+  with pytest.raises(ValueError, match="KIVI-2 only"):
+    quant.quantize(x, formats.preset("int8").key, layout="words")
+
+
+def _pair(b, s, kv_heads=2, stale=True):
+  fmt = formats.preset("kivi2_g128")
+  planar = kvcache.init_cache(fmt, b, kv_heads, s, H, kivi_layout="")
+  words = kvcache.init_cache(fmt, b, kv_heads, s, H, kivi_layout="words")
+  if stale:  # a reused buffer: appends must replace the bits they own, not OR into them
+    bits = lambda a: jax.random.bits(jax.random.key(a.size), a.shape, jnp.uint16)
+    words = words.replace(k=words.k.replace(codes=bits(words.k.codes)), v=words.v.replace(codes=bits(words.v.codes)))
+  return planar, words
+
+
+def _same_tokens(a, b):
+  ka, va = kvcache.materialize(a)
+  kb, vb = kvcache.materialize(b)
+  for i, n in enumerate(np.asarray(a.lengths)):
+    np.testing.assert_array_equal(np.asarray(ka[i, :, :n]), np.asarray(kb[i, :, :n]))
+    np.testing.assert_array_equal(np.asarray(va[i, :, :n]), np.asarray(vb[i, :, :n]))
+
+
+def test_cache_in_words_layout_holds_the_same_tokens():
+  rng = np.random.default_rng(0)
+  planar, words = _pair(3, 512)
+  assert words.k.codes.shape == (3, 2, 512, 16) and words.capacity == 512 and words.head_dim == H
+  # prefill (ragged, one empty), a chunk crossing tile and group boundaries, decode steps, a long append
+  for t, num in ((200, [200, 3, 0]), (1, None), (140, [40, 17, 128]), (1, None), (1, None), (130, [10, 130, 64])):
+    kv = [jnp.asarray(rng.standard_normal((3, 2, t, H)), jnp.float32) for _ in range(2)]
+    num = None if num is None else jnp.asarray(num)
+    planar, words = kvcache.append(planar, *kv, num), kvcache.append(words, *kv, num)
+    _same_tokens(planar, words)
+  assert np.asarray(words.lengths).tolist() == [253, 153, 195]
+
+
+def test_jitted_stacked_append_in_words_layout():
+  fmt = formats.preset("kivi2_g128")
+  rng = np.random.default_rng(1)
+  kw = dict(num_layers=2)
+  planar = kvcache.init_cache(fmt, 2, 1, 256, H, kivi_layout="", **kw)
+  words = kvcache.init_cache(fmt, 2, 1, 256, H, kivi_layout="words", **kw)
+  step = jax.jit(kvcache.append, donate_argnums=0)
+  for t in (127, 1, 1):
+    kv = [jnp.asarray(rng.standard_normal((2, 2, 1, t, H)), jnp.float32) for _ in range(2)]
+    planar, words = kvcache.append(planar, *kv), step(words, *kv)
+  for i in range(2):
+    _same_tokens(planar.layer(i), words.layer(i))
+
+
+def test_default_layout_per_backend_and_format():
+  f = formats.preset("kivi2_g128")
+  assert kvcache.default_kivi_layout(f, 1024, 128, backend="gpu") == "words"
+  assert kvcache.default_kivi_layout(f, 1024, 128, backend="cpu") == ""
+  assert kvcache.default_kivi_layout(f, 1024, 256, backend="gpu") == ""  # Gemma's head_dim
+  assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 128, backend="gpu") == ""  # G=32
+  assert kvcache.default_kivi_layout(formats.preset("fp8_e4m3"), 1024, 128, backend="gpu") == ""
+  assert kvcache.init_cache(f, 1, 1, 256, 128).k.layout == ("words" if jax.default_backend() == "gpu" else "")
+
+
+def test_init_cache_rejects_bad_layouts():
+  with pytest.raises(ValueError, match="kivi_layout must be '' \\(planar\\) or 'words', got 'tiles'"):
+    kvcache.init_cache(formats.preset("kivi2_g128"), 1, 1, 256, H, kivi_layout="tiles")
+  with pytest.raises(ValueError, match="kivi_layout='words' keys: needs KIVI-2 with group_size 128"):
+    kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, H, kivi_layout="words")
+  with pytest.raises(ValueError, match="kivi_layout='words' format 'int8' is not KIVI"):
+    kvcache.init_cache(formats.preset("int8"), 1, 1, 256, H, kivi_layout="words")
+  with pytest.raises(ValueError, match="head_dim 128, got 256"):
+    kvcache.init_cache(formats.preset("kivi2_g128"), 1, 1, 256, 256, kivi_layout="words")
+
+
+def test_writers_and_kernels_that_decline_fall_back():
+  _, words = _pair(2, 256, kv_heads=1, stale=False)
+  kv = jnp.ones((2, 1, 3, H))
+  with pytest.raises(NotImplementedError, match="'words' layout"):
+    write.append(words, kv, kv)
+  out = dispatch.append(words, kv, kv, implementation="pallas_gpu")  # falls back to XLA scatters
+  _same_tokens(kvcache.append(words, kv, kv), out)
+  q = jnp.ones((2, 4, 2, H))  # two query tokens: not the Mosaic kernel's
+  with pytest.raises(NotImplementedError, match="one query token"):
+    ops.decode_attention(q, out)
+  with pytest.raises(NotImplementedError, match="tune the Triton kernels"):
+    ops.decode_attention(q[:, :, :1], out, block=64)
+  with pytest.raises(NotImplementedError, match="soft-cap or sliding window"):
+    ops.decode_attention(q[:, :, :1], out, logit_softcap=30.0)
+  ref = dispatch.decode_attention(q, out, implementation="xla")
+  np.testing.assert_array_equal(np.asarray(dispatch.decode_attention(q, out, implementation=("pallas_gpu", "xla"))),
+                                np.asarray(ref))
+
+
+def test_default_splits():
+  assert mosaic_decode.default_splits(8, 8, 256) == 8     # B=8, 32k: 512 programs
+  assert mosaic_decode.default_splits(1, 8, 256) == 32    # B=1, 32k: capped at the most timed
+  assert mosaic_decode.default_splits(64, 8, 256) == 1
+  assert mosaic_decode.default_splits(8, 8, 12) == 4      # the largest power of two dividing the tiles
+  assert mosaic_decode.default_splits(8, 8, 5) == 1
+  assert mosaic_decode.default_splits(1, 8, 256, tiles_per_step=2) == 32
+  assert mosaic_decode.default_splits(1, 8, 32, tiles_per_step=2) == 16
+
+
+def test_module_decodes_a_words_cache_through_the_mosaic_kernel(monkeypatch):
+  """The GPU default (a "words" cache, `ops` -> Mosaic) forced on CPU: a KVAttention prefill (XLA:
+  several query tokens) then a decode step (the interpreted Mosaic kernel) equal the XLA path."""
+  from flax import nnx
+  from kvjax.module import KVAttention
+  monkeypatch.setattr(kvcache, "default_kivi_layout", lambda *a, **k: "words")
+  attn = KVAttention(features=64, num_heads=4, num_kv_heads=1, head_dim=H, fmt=formats.preset("kivi2_g128"),
+                     rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(2), (2, 140, 64))
+  cache = attn.new_cache(2, 256)
+  assert cache.k.layout == cache.v.layout == "words"
+  cache, _ = attn(x[:, :139], None, cache, num_new=jnp.asarray([139, 60]))
+  # "pallas_gpu" alone (no fallback): a decline would raise, so the kernel served this step
+  (_, got), (_, want) = [attn(x[:, 139:], None, cache, implementation=impl) for impl in ("pallas_gpu", "xla")]
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-3, atol=2e-3)
