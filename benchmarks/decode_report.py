@@ -39,6 +39,8 @@ def plot(rows, path, head_shape=None):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   batches = sorted({r["batch"] for r in rows})
+  if not batches:  # a --check run with no timed cells
+    return
   fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 5), squeeze=False)
   for ax, b in zip(axes[0], batches):
     series = {}

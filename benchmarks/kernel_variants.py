@@ -59,7 +59,7 @@ VARIANTS = {"fp8_e4m3": TILED + TOKEN_MAJOR,
             "int8": TILED + TOKEN_MAJOR + (dict(narrow_pv=True), dict(narrow_qk=False)),
             "int4": (dict(num_warps=2), dict(packed_unpack=False)),
             "kivi2": (dict(num_warps=4), dict(packed_unpack=False)),
-            "kivi2_g128": (dict(packed_unpack=False), dict(fold_value_scales=False)),
+            "kivi2_g128": (dict(packed_unpack=False), dict(fold_value_scales=False), dict(pallas_merge=False)),
             "kivi4": (dict(num_warps=4), dict(packed_unpack=False))}
 # fold_value_scales (session 9, CPU-compiled SASS, /tmp run of kernel_sass.py, NOTES_gpu.md): G=128 loop
 # 675 -> 628 instructions, G=32 1032 -> 1342 (four groups: four scaled p tiles and row sums), so only

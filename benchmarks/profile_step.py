@@ -89,6 +89,7 @@ def profile_point(fmt_name: str, batch: int, context: int, steps: int, process: 
   import functools
   import jax.numpy as jnp
   import decode_kernels as dk
+  from kvjax import cache as cache_lib
   from pallas_kernels.gpu import ops, write
   from kernel_variants import split_layout
   if what not in WHAT:
@@ -105,8 +106,10 @@ def profile_point(fmt_name: str, batch: int, context: int, steps: int, process: 
       q = dk.chain(q, attend_fn(q, c))
     return q, cs
 
-  body = {"attend": attend, "append": dk.append_only(write.append, batch, context, length),
-          "step": dk.decode_step(attend_fn, batch, context, length, write.append)}[what]
+  # the one-kernel writer declines "words" KIVI caches (NotImplementedError): XLA scatters store them
+  append_fn = cache_lib.append if caches[0].k.layout else write.append
+  body = {"attend": attend, "append": dk.append_only(append_fn, batch, context, length),
+          "step": dk.decode_step(attend_fn, batch, context, length, append_fn)}[what]
   run = jax.jit(lambda c: jax.lax.fori_loop(0, steps, lambda i, x: body(x), c), donate_argnums=0)
   carry = run(jax.tree_util.tree_map(jnp.copy, (q, caches)))  # compile + warm up
   jax.block_until_ready(carry)

@@ -9,17 +9,20 @@ Split of the work, with L = length, R = the residual length, Lq = L - L % R:
   * tokens [0, L - R): quantized keys and values: the kernel's splits;
   * the window [max(L - R, 0), L): values from the value ring (`v_res`), keys dequantized below Lq
     and from `k_res` from Lq on: one more split state computed here in XLA (R tokens);
-and `decode.combine` merges all of them.
+and `decode.combine` merges all of them; by default `window_merge` does the window and the merge
+in one Pallas kernel, without the token gathers (one launch instead of a dozen XLA kernels).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from kvjax import quant
 from kvjax.formats import KIVISpec
-from pallas_kernels.gpu import decode, mosaic_kivi as mk
+from pallas_kernels.gpu import decode, mosaic_kivi as mk, window_merge
 
 __all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT"]
 
@@ -105,9 +108,11 @@ def window_states(q, cache, kc, ks, kz):
 
 
 def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
-                     variant: str | mk.Options = DEFAULT_VARIANT, interpret: bool = False):
+                     variant: str | mk.Options = DEFAULT_VARIANT, interpret: bool = False,
+                     fused_window: bool = True):
   """q [B, N, 1, H] -> [B, N, 1, H] attention over a KIVI-2 G=128 cache (one query token).
-  num_splits: None picks `default_splits`."""
+  num_splits: None picks `default_splits`. fused_window: the window and the merge in one Pallas kernel
+  (`window_merge`); False: in XLA (`window_states` + `decode.combine`)."""
   if (why := supports(cache)) is not None:
     raise ValueError(f"cache: {why}")
   b, n, t, h = q.shape
@@ -115,16 +120,31 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   if t != 1 or n % kh or n // kh > mk.ROWS:
     raise ValueError(f"q must be [B, N, 1, {h}] with N a multiple of the {kh} KV heads and at most "
                      f"{mk.ROWS} query heads per KV head, got {q.shape}")
-  rep = n // kh
-  scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
-  qs = q.astype(jnp.float32).reshape(b, kh, rep, h) * scale  # [B, K, rep, H]
-  kc, ks, kz, vc, vs, vz = repack(cache)
   if num_splits is None:
     opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
     num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
+  scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
+  return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant, interpret=interpret,
+                 fused_window=fused_window)
+
+
+# A jit of its own: a model calls this once per layer, and nested jits of one signature are traced and
+# lowered once (Mosaic GPU's lowering takes ~2 s a call on a CPU core: 32 layers unrolled took longer
+# than the 120 s a session-12 throughput row allowed).
+@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "fused_window"))
+def _decode(q, cache, scale, *, num_splits, variant, interpret, fused_window):
+  b, n, _, h = q.shape
+  kh = cache.num_kv_heads
+  rep = n // kh
+  qs = q.astype(jnp.float32).reshape(b, kh, rep, h) * scale  # [B, K, rep, H]
+  kc, ks, kz, vc, vs, vz = repack(cache)
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
   o_t, m, l = mk.kivi2_states(q_t, jnp.maximum(cache.lengths - cache.fmt.residual, 0), kc, ks, kz, vc, vs, vz,
                               num_splits=num_splits, variant=variant, interpret=interpret)
+  if fused_window:
+    out = window_merge.window_merge(q_t, cache.lengths, kc, ks, kz, cache.k_res, cache.v_res, o_t, m, l,
+                                    q.dtype, interpret=interpret)[:, :, :rep]
+    return out.reshape(b, n, 1, h)
   ow, mw, lw = window_states(qs, cache, kc, ks, kz)
   o = jnp.concatenate([o_t.swapaxes(-1, -2)[:, :, :, :rep], ow], axis=2)
   out = decode.combine(o, jnp.concatenate([m[..., :rep], mw], axis=2),

@@ -297,9 +297,11 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
                             num_warps=num_warps, num_stages=num_stages, interpret=interpret)
 
 
-def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, triton_options):
+def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, pallas_merge,
+                      triton_options):
   """A "words" KIVI-2 cache through `mosaic_decode` (one query token, <= 16 query heads per KV head,
-  no soft-cap or sliding window); NotImplementedError otherwise, so `dispatch` falls back to XLA."""
+  no soft-cap or sliding window); NotImplementedError otherwise, so `dispatch` falls back to XLA.
+  pallas_merge=False: the residual window and the split merge in XLA, else one Pallas kernel."""
   if (why := mosaic_decode.supports(cache)) is not None:
     raise NotImplementedError(f"pallas_gpu: 'words' KIVI cache: {why}")
   set_opts = sorted(k for k, v in triton_options.items() if v is not None)
@@ -313,7 +315,7 @@ def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits
     raise NotImplementedError(f"pallas_gpu: the Mosaic KIVI-2 kernel takes one query token and at most "
                               f"{mosaic_kivi.ROWS} query heads per KV head, got q {q.shape}")
   return mosaic_decode.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits,
-                                        interpret=interpret)
+                                        interpret=interpret, fused_window=pallas_merge is not False)
 
 
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
@@ -325,7 +327,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   `kvjax.attention.decode_attention`).
 
   pallas_merge: merge the per-split states with the one-kernel `merge.merge_states` or with XLA
-  (`decode.combine`, the reference). None: on a GPU `merge_in_kernel`, else XLA."""
+  (`decode.combine`, the reference). None: on a GPU `merge_in_kernel`, else XLA. On a "words" KIVI-2
+  cache (the Mosaic kernel): None / True `window_merge` (window + merge in one kernel), False XLA."""
   if window is not None and (int(window) != window or window < 1):
     raise ValueError(f"window must be a positive integer or None, got {window!r}")
   if cache.num_layers is not None:
@@ -340,7 +343,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   rep = n // kh
   rows = rep * t
   if cache.k.layout == "words":  # the Mosaic KIVI-2 kernel's code layout (cache.default_kivi_layout)
-    return _mosaic_attention(q, cache, sm_scale, logit_softcap, window, interpret, num_splits,
+    return _mosaic_attention(q, cache, sm_scale, logit_softcap, window, interpret, num_splits, pallas_merge,
                              dict(block=block, num_warps=num_warps, num_stages=num_stages, narrow_qk=narrow_qk,
                                   narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop,
                                   prefetch=prefetch, packed_unpack=packed_unpack,
