@@ -39,7 +39,7 @@ def ratios(rows):
   return out
 
 
-def summary(rows, targets=(("fp8_e4m3", 1.9), ("kivi2", 3.5))) -> str:
+def summary(rows, targets=(("fp8_e4m3", 1.9), ("kivi2", 3.5), ("kivi2_g128", 3.5))) -> str:
   lines = ["| model | format | context | max_batch (x bf16) | tokens/s (x bf16) | step_ms b=1 | "
            "prefill tok/s | peak GiB | compile s |", "|---|---|---|---|---|---|---|---|---|"]
   f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"

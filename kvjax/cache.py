@@ -26,6 +26,17 @@ each tile's bytes are its ``[H, T]`` transpose, which the GPU decode kernel
 reads faster (adjacent token pairs for p.v). Appends store a token's H codes
 at stride T (`RowWrite.tile`); `materialize` undoes the transpose.
 
+KIVI-2 code layout: with G = R = H = 128 and no sink tokens, the codes may be
+stored as the Mosaic GPU kernel reads them (``QArray.layout == "words"``;
+`init_cache`'s ``kivi_layout``, default `default_kivi_layout`: "words" on
+GPU): uint16 words ``[B, K, S, 16]`` holding 8 codes each (word j of a
+128-code row: elements j + 16 m at bits 2 m, `packing.pack_words`); key rows
+are tokens (words along channels), value rows are 128-token tiles transposed
+(row 128 i + h is channel h of tile i, words along its tokens). Appends write
+a value's codes into its tile's bit planes (`rows._scatter_planes`) and a
+flushed key block as whole rows; `quant.unpacked_codes` and `materialize`
+read both layouts alike.
+
 Capacity: appending beyond S is an error when lengths are concrete; under jit
 (where Python cannot raise) tokens beyond capacity are dropped, lengths stop
 at S and stored tokens are never overwritten. `append(..., checked=True)`

@@ -29,32 +29,37 @@ def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0, layout=""):
   return c
 
 
-@pytest.mark.parametrize("lengths,appends,splits,layout,via_ops", [
-    ((300, 0), 0, 2, "", False),          # ragged; an empty sequence; planar codes (repacked)
-    ((127, 128), 1, 4, "words", True),    # below / at the residual, then one more token (a key group
-                                          # flushes at 128); the kernel's layout, through ops
-    ((385, 200, 509), 3, None, "words", False),  # the window straddles the last quantized key group;
-                                                 # a full cache; default splits
+@pytest.mark.parametrize("lengths,appends,splits,layout,via_ops,t", [
+    ((300, 0), 0, 2, "", False, 1),       # ragged; an empty sequence; planar codes (repacked)
+    ((127, 128), 1, 4, "words", True, 1),  # below / at the residual, then one more token (a key group
+                                           # flushes at 128); the kernel's layout, through ops
+    ((385, 200, 509), 3, None, "words", False, 1),  # the window straddles the last quantized key group;
+                                                    # a full cache; default splits
+    ((300, 2), 0, 2, "words", True, 4),   # 4 query tokens (speculative verify): 16 rows, causal among
+                                          # them; a sequence shorter than the queries
 ])
-def test_matches_the_library_reference(lengths, appends, splits, layout, via_ops):
+def test_matches_the_library_reference(lengths, appends, splits, layout, via_ops, t):
   c = _cache(lengths, appends=appends, layout=layout)
-  q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, 1, 128)), jnp.float32)
+  q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, t, 128)), jnp.float32)
   if via_ops:
     out = ops.decode_attention(q, c, num_splits=splits, interpret=True)
   else:
     out = md.decode_attention(q, c, num_splits=splits, interpret=True,
                               variant="folded_lazy" if layout == "" else md.DEFAULT_VARIANT)
   ref = attention.decode_attention(q, c)
-  visible = np.asarray(c.lengths) > 0
+  # query token i sits at L - T + i: it sees nothing where that is negative
+  visible = np.broadcast_to((np.asarray(c.lengths)[:, None] - t + np.arange(t) >= 0)[:, None, :, None], out.shape)
   assert test_base.relative_error(np.asarray(out)[visible], np.asarray(ref)[visible]) < 1e-3  # measured 3e-6 to 7e-5
   np.testing.assert_array_equal(np.asarray(out)[~visible], 0.0)
 
 
 def test_refuses_what_it_does_not_take():
   c = _cache((10,), capacity=256)
-  q = jnp.zeros((1, 4, 2, 128))
-  with pytest.raises(ValueError, match=r"q must be \[B, N, 1, 128\] .* got \(1, 4, 2, 128\)"):
+  q = jnp.zeros((1, 4, 5, 128))  # 4 heads x 5 tokens: 20 rows
+  with pytest.raises(ValueError, match=r"q must be \[B, N, T, 128\] .* <= 16 query rows .* got \(1, 4, 5, 128\)"):
     md.decode_attention(q, c, interpret=True)
+  with pytest.raises(ValueError, match=r"got \(1, 4, 128\)"):
+    md.decode_attention(q[:, :, 0], c, interpret=True)
   other = kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, 128)
   assert "group sizes and residual must be 128" in md.supports(other)
   with pytest.raises(ValueError, match="cache: format .* is not KIVI"):

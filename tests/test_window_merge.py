@@ -32,43 +32,49 @@ def _cache(lengths, kv_heads=2, appends=1, seed=0, residual_dtype="bfloat16"):
   return c
 
 
-def _parts(c, rep, seed=1, splits=2):
+def _parts(c, rep, seed=1, splits=2, num_queries=1):
   """q (scaled, transposed, padded) and the kernel's split states over [0, L - 128) (jnp reference)."""
-  b, kh = c.batch, c.num_kv_heads
-  q = jnp.asarray(np.random.default_rng(seed).normal(size=(b, kh * rep, 1, 128)), jnp.float32)
-  qs = q.reshape(b, kh, rep, 128) * (128 ** -0.5 * decode.LOG2E)
-  q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
+  b, kh, t = c.batch, c.num_kv_heads, num_queries
+  q = jnp.asarray(np.random.default_rng(seed).normal(size=(b, kh * rep, t, 128)), jnp.float32)
+  qs = q.reshape(b, kh, rep * t, 128) * (128 ** -0.5 * decode.LOG2E)
+  q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep * t)))
   kc, ks, kz, vc, vs, vz = md.repack(c)
   o_t, m, l = mk.reference_states(q_t, jnp.maximum(c.lengths - 128, 0), quant.unpacked_codes(c.k), ks, kz,
                                   quant.unpacked_codes(c.v)[..., 0:128], vs, vz, num_splits=splits)
   return q, qs, q_t, (kc, ks, kz), (o_t, m, l)
 
 
-def _xla(c, qs, keys, states, rep):
+def _xla(c, qs, keys, states, rep, num_queries=1):
   o_t, m, l = states
-  ow, mw, lw = md.window_states(qs, c, *keys)
+  ow, mw, lw = md.window_states(qs, c, *keys, num_queries)
   o = jnp.concatenate([o_t.swapaxes(-1, -2)[:, :, :, :rep], ow], axis=2)
   return decode.combine(o, jnp.concatenate([m[..., :rep], mw], axis=2),
                         jnp.concatenate([l[..., :rep], lw], axis=2), rep)
 
 
-@pytest.mark.parametrize("lengths,appends,rep,cols", [
-    ((0, 1, 127, 128), 0, 4, None),        # empty; one token; below / at the residual (all in k_res)
-    ((128, 255, 256, 300), 1, 4, 16),      # one past: a group flushes; the window straddles a group edge
-    ((CAP - 1, 129, 384, 2), 1, 1, 64),    # a full cache; one query head per KV head
-    ((200, 511, 1, 0), 1, 16, 128),              # 16 query heads (every row of the kernel's tile is real)
+@pytest.mark.parametrize("lengths,appends,rep,t,cols", [
+    ((0, 1, 127, 128), 0, 4, 1, None),     # empty; one token; below / at the residual (all in k_res)
+    ((128, 255, 256, 300), 1, 4, 1, 16),   # one past: a group flushes; the window straddles a group edge
+    ((CAP - 1, 129, 384, 2), 1, 1, 1, 64),  # a full cache; one query head per KV head
+    ((200, 511, 1, 0), 1, 16, 1, 128),     # 16 query heads (every row of the kernel's tile is real)
+    ((0, 1, 127, 128), 2, 4, 3, None),     # 3 query tokens (speculative verify), causal among them;
+                                           # lengths 2 and 3: fewer tokens before than queries
+    ((128, 255, 256, 300), 1, 2, 8, 32),   # 8 tokens x 2 heads; the window straddles a group edge
 ])
-def test_matches_the_xla_window_and_the_library(lengths, appends, rep, cols):
+def test_matches_the_xla_window_and_the_library(lengths, appends, rep, t, cols):
   c = _cache(lengths, appends=appends)
-  q, qs, q_t, keys, states = _parts(c, rep)
-  out = wm.window_merge(q_t, c.lengths, *keys, c.k_res, c.v_res, *states, jnp.float32, interpret=True,
-                        cols=cols)[:, :, :rep]
-  ref = _xla(c, qs, keys, states, rep)
+  q, qs, q_t, keys, states = _parts(c, rep, num_queries=t)
+  out = wm.window_merge(q_t, c.lengths, *keys, c.k_res, c.v_res, *states, jnp.float32, num_queries=t,
+                        interpret=True, cols=cols)[:, :, :rep * t]
+  ref = _xla(c, qs, keys, states, rep * t, t)
   lib = attention.decode_attention(q, c).reshape(ref.shape)
-  seen = np.asarray(c.lengths) > 0
+  # row h T + t is query t at L - T + t: nothing to see where that is negative (the library's 0 too)
+  seen = (np.asarray(c.lengths)[:, None] - t + np.arange(rep * t)[None, :] % t >= 0)[:, None, :, None]
+  seen = np.broadcast_to(seen, out.shape)
   assert test_base.relative_error(np.asarray(out)[seen], np.asarray(ref)[seen]) < 1e-5
   assert test_base.relative_error(np.asarray(out)[seen], np.asarray(lib)[seen]) < 1e-4
   np.testing.assert_array_equal(np.asarray(out)[~seen], 0.0)
+  np.testing.assert_array_equal(np.asarray(lib)[~seen], 0.0)
 
 
 def test_other_residual_and_output_dtypes():
@@ -88,6 +94,8 @@ def test_bad_shapes_and_cols_are_refused():
     wm.window_merge(*args, o_t, m, l, jnp.float32, cols=24)
   with pytest.raises(ValueError, match=r"o_t must be \[B, K, NS, H, ROWS\] .* got \(4, 2, 2, 16, 128\)"):
     wm.window_merge(*args, o_t.swapaxes(-1, -2), m, l, jnp.float32)
+  with pytest.raises(ValueError, match=r"num_queries must be in \[1, 16\], got 17"):
+    wm.window_merge(*args, o_t, m, l, jnp.float32, num_queries=17)
   with pytest.raises(ValueError, match=r"k_res must be \[B, K, 128, 128\], got \(4, 2, 64, 128\)"):
     wm.window_merge(q_t, c.lengths, *keys, c.k_res[:, :, :64], c.v_res, o_t, m, l, jnp.float32)
 

@@ -129,8 +129,8 @@ def test_writers_and_kernels_that_decline_fall_back():
     write.append(words, kv, kv)
   out = dispatch.append(words, kv, kv, implementation="pallas_gpu")  # falls back to XLA scatters
   _same_tokens(kvcache.append(words, kv, kv), out)
-  q = jnp.ones((2, 4, 2, H))  # two query tokens: not the Mosaic kernel's
-  with pytest.raises(NotImplementedError, match="one query token"):
+  q = jnp.ones((2, 4, 5, H))  # 4 heads x 5 tokens = 20 query rows: over the Mosaic kernel's 16
+  with pytest.raises(NotImplementedError, match=r"at most 16 query rows .* got q \(2, 4, 5, 128\)"):
     ops.decode_attention(q, out)
   with pytest.raises(NotImplementedError, match="tune the Triton kernels"):
     ops.decode_attention(q[:, :, :1], out, block=64)

@@ -85,24 +85,26 @@ def _window_keys(kc, ks, kz, tok):
   return codes.astype(jnp.float32) * s + z
 
 
-def window_states(q, cache, kc, ks, kz):
-  """Split state of the residual window: q [B, K, rows, H] f32 (already x scale x log2 e)
-  -> (o [B, K, 1, rows, H], m, l [B, K, 1, rows]), m in the log2 domain."""
+def window_states(q, cache, kc, ks, kz, num_queries: int = 1):
+  """Split state of the residual window: q [B, K, rows, H] f32 (already x scale x log2 e; row h T + t
+  is query token t, at position L - T + t) -> (o [B, K, 1, rows, H], m, l [B, K, 1, rows]), m in the
+  log2 domain."""
   r = cache.fmt.residual
   lengths = cache.lengths
   start = jnp.maximum(lengths - r, 0)
   tok = start[:, None] + jnp.arange(r)[None, :]  # [B, R]
-  visible = tok < lengths[:, None]
-  tok = jnp.where(visible, tok, 0)
+  qpos = lengths[:, None] - num_queries + jnp.arange(q.shape[2])[None, :] % num_queries  # [B, rows]
+  visible = (tok[:, None, :] <= qpos[:, :, None])[:, None]  # [B, 1, rows, R]
+  tok = jnp.where(tok < lengths[:, None], tok, 0)
   lq = (lengths - lengths % r)[:, None]
   k_res = jnp.take_along_axis(cache.k_res.astype(jnp.float32),
                               jnp.clip(tok - lq, 0, r - 1)[:, None, :, None], axis=2)
   keys = jnp.where((tok < lq)[:, None, :, None], _window_keys(kc, ks, kz, tok), k_res)
   values = jnp.take_along_axis(cache.v_res.astype(jnp.float32), (tok % r)[:, None, :, None], axis=2)
   s = jnp.einsum("bknh,bkth->bknt", q, keys)
-  s = jnp.where(visible[:, None, None, :], s, mk.NEG)
+  s = jnp.where(visible, s, mk.NEG)
   m = jnp.max(s, axis=-1)
-  p = jnp.where(visible[:, None, None, :], jnp.exp2(s - m[..., None]), 0.0)
+  p = jnp.where(visible, jnp.exp2(s - m[..., None]), 0.0)
   o = jnp.einsum("bknt,bkth->bknh", p, values)
   return o[:, :, None], m[:, :, None], jnp.sum(p, axis=-1)[:, :, None]
 
@@ -110,22 +112,23 @@ def window_states(q, cache, kc, ks, kz):
 def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
                      variant: str | mk.Options = DEFAULT_VARIANT, interpret: bool = False,
                      fused_window: bool = True):
-  """q [B, N, 1, H] -> [B, N, 1, H] attention over a KIVI-2 G=128 cache (one query token).
+  """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 cache: T query tokens at positions
+  L - T + t (the last T cached; causal among them), N / K x T <= 16 rows per KV head.
   num_splits: None picks `default_splits`. fused_window: the window and the merge in one Pallas kernel
   (`window_merge`); False: in XLA (`window_states` + `decode.combine`)."""
   if (why := supports(cache)) is not None:
     raise ValueError(f"cache: {why}")
-  b, n, t, h = q.shape
   kh = cache.num_kv_heads
-  if t != 1 or n % kh or n // kh > mk.ROWS:
-    raise ValueError(f"q must be [B, N, 1, {h}] with N a multiple of the {kh} KV heads and at most "
-                     f"{mk.ROWS} query heads per KV head, got {q.shape}")
+  if q.ndim != 4 or q.shape[1] % kh or q.shape[1] // kh * q.shape[2] > mk.ROWS or q.shape[3] != cache.head_dim:
+    raise ValueError(f"q must be [B, N, T, {cache.head_dim}] with N a multiple of the {kh} KV heads and "
+                     f"N / {kh} x T <= {mk.ROWS} query rows per KV head, got {q.shape}")
+  b, n, t, h = q.shape
   if num_splits is None:
     opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
     num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
-  return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant, interpret=interpret,
-                 fused_window=fused_window)
+  return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
+                 interpret=interpret, fused_window=fused_window)
 
 
 # A jit of its own: a model calls this once per layer, and nested jits of one signature are traced and
@@ -133,9 +136,9 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
 # than the 120 s a session-12 throughput row allowed).
 @functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "fused_window"))
 def _decode(q, cache, scale, *, num_splits, variant, interpret, fused_window):
-  b, n, _, h = q.shape
+  b, n, t, h = q.shape
   kh = cache.num_kv_heads
-  rep = n // kh
+  rep = n // kh * t  # query rows per KV head: head-major, then token
   qs = q.astype(jnp.float32).reshape(b, kh, rep, h) * scale  # [B, K, rep, H]
   kc, ks, kz, vc, vs, vz = repack(cache)
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
@@ -143,10 +146,10 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, fused_window):
                               num_splits=num_splits, variant=variant, interpret=interpret)
   if fused_window:
     out = window_merge.window_merge(q_t, cache.lengths, kc, ks, kz, cache.k_res, cache.v_res, o_t, m, l,
-                                    q.dtype, interpret=interpret)[:, :, :rep]
-    return out.reshape(b, n, 1, h)
-  ow, mw, lw = window_states(qs, cache, kc, ks, kz)
+                                    q.dtype, num_queries=t, interpret=interpret)[:, :, :rep]
+    return out.reshape(b, n, t, h)
+  ow, mw, lw = window_states(qs, cache, kc, ks, kz, t)
   o = jnp.concatenate([o_t.swapaxes(-1, -2)[:, :, :, :rep], ow], axis=2)
   out = decode.combine(o, jnp.concatenate([m[..., :rep], mw], axis=2),
                        jnp.concatenate([l[..., :rep], lw], axis=2), rep)
-  return out.reshape(b, n, 1, h).astype(q.dtype)
+  return out.reshape(b, n, t, h).astype(q.dtype)

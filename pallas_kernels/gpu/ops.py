@@ -299,7 +299,7 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 
 def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, pallas_merge,
                       triton_options):
-  """A "words" KIVI-2 cache through `mosaic_decode` (one query token, <= 16 query heads per KV head,
+  """A "words" KIVI-2 cache through `mosaic_decode` (query heads per KV head x tokens <= 16,
   no soft-cap or sliding window); NotImplementedError otherwise, so `dispatch` falls back to XLA.
   pallas_merge=False: the residual window and the split merge in XLA, else one Pallas kernel."""
   if (why := mosaic_decode.supports(cache)) is not None:
@@ -311,9 +311,9 @@ def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits
   if softcap or window is not None:
     raise NotImplementedError("pallas_gpu: the Mosaic KIVI-2 kernel has no logit soft-cap or sliding window")
   b, n, t, h = q.shape
-  if t != 1 or n // cache.num_kv_heads > mosaic_kivi.ROWS:
-    raise NotImplementedError(f"pallas_gpu: the Mosaic KIVI-2 kernel takes one query token and at most "
-                              f"{mosaic_kivi.ROWS} query heads per KV head, got q {q.shape}")
+  if n // cache.num_kv_heads * t > mosaic_kivi.ROWS:
+    raise NotImplementedError(f"pallas_gpu: the Mosaic KIVI-2 kernel takes at most {mosaic_kivi.ROWS} query "
+                              f"rows (heads per KV head x tokens) per KV head, got q {q.shape}")
   return mosaic_decode.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits,
                                         interpret=interpret, fused_window=pallas_merge is not False)
 
