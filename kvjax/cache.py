@@ -26,10 +26,10 @@ each tile's bytes are its ``[H, T]`` transpose, which the GPU decode kernel
 reads faster (adjacent token pairs for p.v). Appends store a token's H codes
 at stride T (`RowWrite.tile`); `materialize` undoes the transpose.
 
-KIVI-2 code layout: with G = R = H = 128 and no sink tokens, the codes may be
+KIVI-2 code layout: with G = H = 128 (R a multiple of 128), the codes may be
 stored as the Mosaic GPU kernel reads them (``QArray.layout == "words"``;
-`init_cache`'s ``kivi_layout``, default `default_kivi_layout`: "words" on
-GPU): uint16 words ``[B, K, S, 16]`` holding 8 codes each (word j of a
+`init_cache`'s ``kivi_layout``; `default_kivi_layout` picks "words" on GPU
+where that kernel takes the cache: also R = 128 and no sink tokens): uint16 words ``[B, K, S, 16]`` holding 8 codes each (word j of a
 128-code row: elements j + 16 m at bits 2 m, `packing.pack_words`); key rows
 are tokens (words along channels), value rows are 128-token tiles transposed
 (row 128 i + h is channel h of tile i, words along its tokens). Appends write

@@ -60,7 +60,8 @@ def _window_merge_kernel(len_ref, q_ref, kc_ref, ks_ref, kz_ref, kres_ref, vres_
   qpos = length - num_queries + lax.broadcasted_iota(jnp.int32, (1, rows), 1) % num_queries  # [1, ROWS]
   visible = (from_res | (lq >= r)) & (token <= qpos)  # [R, ROWS]
 
-  # Every load first (none waits on another's value): one memory round trip, not one per slice.
+  # Loads first (none waits on another's value): one memory round trip, not one per slice. Split states
+  # past the first `chunk` splits (B=8 32k: 8 splits, 4 per load) are loaded in the merge loop.
   nsp = decode.pow2_at_least(num_splits)
   sid = lax.broadcasted_iota(jnp.int32, (nsp, 1), 0)
   m_s = plgpu.load(m_ref.at[pl.ds(0, nsp), :], mask=sid < num_splits, other=decode.NEG)  # [NS', ROWS]
@@ -125,14 +126,21 @@ def window_merge(q_t, lengths, kc, ks, kz, k_res, v_res, o_t, m, l, dtype, *, nu
   """
   b, kh, h, rows = q_t.shape
   ns = o_t.shape[2]
-  r = k_res.shape[2]
-  if r != mk.TILE or h != mk.PLANES * LANES:
-    raise ValueError(f"k_res must be [B, K, {mk.TILE}, {mk.PLANES * LANES}], got {k_res.shape}")
+  if k_res.shape != (b, kh, mk.TILE, mk.PLANES * LANES) or v_res.shape != k_res.shape:
+    raise ValueError(f"k_res and v_res must be [B, K, R, H] = {(b, kh, mk.TILE, mk.PLANES * LANES)}, got "
+                     f"{k_res.shape}, {v_res.shape}")
+  if h != mk.PLANES * LANES or rows & (rows - 1) or rows < 16:
+    raise ValueError(f"q_t must be [B, K, {mk.PLANES * LANES}, ROWS] with ROWS a power of two >= 16, "
+                     f"got {q_t.shape}")
+  s = kc.shape[2]
+  if kc.shape != (b, kh, s, LANES) or s % mk.TILE or ks.shape != (b, kh, s // mk.TILE, h) or kz.shape != ks.shape:
+    raise ValueError(f"kc must be [B, K, S, {LANES}] (S a multiple of {mk.TILE}) and ks / kz [B, K, S / {mk.TILE}, "
+                     f"{h}], got {kc.shape}, {ks.shape}, {kz.shape}")
   if o_t.shape != (b, kh, ns, h, rows) or m.shape != (b, kh, ns, rows) or l.shape != m.shape:
     raise ValueError(f"o_t must be [B, K, NS, H, ROWS] = {(b, kh, ns, h, rows)} and m / l [B, K, NS, ROWS], "
                      f"got {o_t.shape}, {m.shape}, {l.shape}")
-  if not 1 <= num_queries <= min(rows, r):
-    raise ValueError(f"num_queries must be in [1, {min(rows, r)}], got {num_queries}")
+  if not 1 <= num_queries <= min(rows, mk.TILE):
+    raise ValueError(f"num_queries must be in [1, {min(rows, mk.TILE)}], got {num_queries}")
   cols = merge.merge_cols(b, kh, h) if cols is None else cols
   if cols < 16 or h % cols or cols & (cols - 1):
     raise ValueError(f"cols must be a power of two >= 16 dividing the head dim {h}, got {cols}")
