@@ -145,9 +145,7 @@ def window_merge(q_t, lengths, kc, ks, kz, k_res, v_res, o_t, m, l, dtype, *, nu
   if cols < 16 or h % cols or cols & (cols - 1):
     raise ValueError(f"cols must be a power of two >= 16 dividing the head dim {h}, got {cols}")
   nsp = decode.pow2_at_least(ns)
-  chunk = decode.pow2_at_least(ns)
-  while chunk > 1 and chunk * rows * cols > merge.LOAD_ELEMS:
-    chunk //= 2
+  chunk = merge.chunk_splits(ns, rows, cols)  # split states per load, as the split merge kernel
   whole = lambda arr: pl.BlockSpec((None, None) + arr.shape[2:], lambda i, j, c: (i, j) + (0,) * (arr.ndim - 2))
   return pl.pallas_call(
       functools.partial(_window_merge_kernel, num_splits=ns, chunk=chunk, num_queries=num_queries),
