@@ -174,9 +174,6 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
     if formats.preset(fmt_name).is_kivi:  # the KIVI key block quantized inside the write kernel
       writers.append(("_pallas_flush", functools.partial(write.append, flush_in_kernel=True)))
     for suffix, append_fn in writers:
-      if suffix and (c0 := caches[0]).k.layout:  # the one-kernel writer declines "words" caches
-        print(f"  skip kvjax_step{suffix}: the Pallas writer does not store the {c0.k.layout!r} layout")
-        continue
       full = decode_step(functools.partial(ops.decode_attention, **kernel_options(opts)), b, ctx,
                          length, append_fn)
       rows.append(("kvjax_step" + suffix, time_loop(full, (q, caches), steps, reps) / ns, nb))

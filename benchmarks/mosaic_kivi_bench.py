@@ -35,12 +35,13 @@ from kvjax import attention, cache as kvcache, formats  # noqa: E402
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_kivi as mk  # noqa: E402
 
 
-def random_packed(b, kh, s, key):
-  """A packed KIVI-2 cache (the kernel's layout) of random words and scales."""
+def random_packed(b, kh, s, key, scale_dtype=jnp.float16):
+  """A packed KIVI-2 cache (the kernel's layout) of random words and scales (`scale_dtype`: the
+  scales' and zeros'; a kvjax cache holds bf16)."""
   k = jax.random.split(key, 6)
   words = lambda kk, shape: jax.random.bits(kk, shape, jnp.uint16)
-  scale = lambda kk, shape: jax.random.uniform(kk, shape, jnp.float32, 0.05, 0.2).astype(jnp.float16)
-  zero = lambda kk, shape: (0.2 * jax.random.normal(kk, shape)).astype(jnp.float16)
+  scale = lambda kk, shape: jax.random.uniform(kk, shape, jnp.float32, 0.05, 0.2).astype(scale_dtype)
+  zero = lambda kk, shape: (0.2 * jax.random.normal(kk, shape)).astype(scale_dtype)
   g = s // mk.TILE
   return (words(k[0], (b, kh, s, 16)), scale(k[1], (b, kh, g, 128)), zero(k[2], (b, kh, g, 128)),
           words(k[3], (b, kh, g, 128, 16)), scale(k[4], (b, kh, s)), zero(k[5], (b, kh, s)))
@@ -76,12 +77,13 @@ def check(log, interpret=False, variants=mk.VARIANTS):
   return worst
 
 
-def caches_for(b, ctx, key):
+def caches_for(b, ctx, key, scale_dtype=jnp.float16):
   """Enough random packed caches to rotate beyond L2, their bytes read at ctx - 256 tokens, lengths."""
-  c0 = random_packed(b, dk.SHAPE.k_heads, ctx, key)
+  c0 = random_packed(b, dk.SHAPE.k_heads, ctx, key, scale_dtype)
   nbytes = sum(x.nbytes for x in c0)
   ns = dk.n_sets(nbytes)
-  caches = (c0,) + tuple(random_packed(b, dk.SHAPE.k_heads, ctx, jax.random.fold_in(key, i)) for i in range(1, ns))
+  caches = (c0,) + tuple(random_packed(b, dk.SHAPE.k_heads, ctx, jax.random.fold_in(key, i), scale_dtype)
+                         for i in range(1, ns))
   return caches, nbytes * (ctx - 256) / ctx, jnp.full((b,), ctx - 256, jnp.int32)
 
 
@@ -160,6 +162,8 @@ def main(argv=None):
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--peers", default="triton,torch_sdpa", help="of triton (kvjax kivi2_g128), torch_sdpa")
   ap.add_argument("--no-check", action="store_true")
+  ap.add_argument("--scale-dtype", default="float16", choices=("float16", "bfloat16"),
+                  help="of the timed caches' scales and zeros (kvjax caches hold bfloat16)")
   ap.add_argument("--stream-gb", type=float, default=1.0)
   ap.add_argument("--interpret", action="store_true", help="Mosaic GPU's CPU interpreter (smoke tests)")
   ap.add_argument("--profile", default="", help="B:ctx:splits: one profiled call per variant first (GPU)")
@@ -202,14 +206,15 @@ def main(argv=None):
 
   for p in filter(None, args.points.split(",")):
     b, ctx = map(int, p.split(":"))
-    caches, nb, lengths = caches_for(b, ctx, key)
+    caches, nb, lengths = caches_for(b, ctx, key, jnp.dtype(args.scale_dtype))
     for v, ns, st in itertools.product(variants, map(int, filter(None, args.splits.split(","))),
                                        map(int, filter(None, args.stages.split(",")))):
       if (ctx // mk.TILE) % ns or (ctx // mk.TILE // ns) % mk.VARIANTS[v].tiles_per_step:
         continue
       us = mosaic_row(b, caches, nb, lengths, ns, args.reps, key, args.interpret, st, v)
-      add("kvjax_mosaic", "kivi2_g128", b, ctx, us, nb, {"num_splits": ns, "stages": st, "variant": v},
-          f"mosaic {v} splits {ns} stages {st}")
+      add("kvjax_mosaic", "kivi2_g128", b, ctx, us, nb, {"num_splits": ns, "stages": st, "variant": v,
+                                                         "scale_dtype": args.scale_dtype},
+          f"mosaic {v} splits {ns} stages {st} {args.scale_dtype}")
     del caches
     if "triton" in peers:
       for impl, us, nb_t in dk.kvjax_rows("kivi2_g128", b, ctx, args.reps, key, False):

@@ -89,7 +89,6 @@ def profile_point(fmt_name: str, batch: int, context: int, steps: int, process: 
   import functools
   import jax.numpy as jnp
   import decode_kernels as dk
-  from kvjax import cache as cache_lib
   from pallas_kernels.gpu import ops, write
   from kernel_variants import split_layout
   if what not in WHAT:
@@ -106,8 +105,7 @@ def profile_point(fmt_name: str, batch: int, context: int, steps: int, process: 
       q = dk.chain(q, attend_fn(q, c))
     return q, cs
 
-  # the one-kernel writer declines "words" KIVI caches (NotImplementedError): XLA scatters store them
-  append_fn = cache_lib.append if caches[0].k.layout else write.append
+  append_fn = write.append
   body = {"attend": attend, "append": dk.append_only(append_fn, batch, context, length),
           "step": dk.decode_step(attend_fn, batch, context, length, append_fn)}[what]
   run = jax.jit(lambda c: jax.lax.fori_loop(0, steps, lambda i, x: body(x), c), donate_argnums=0)

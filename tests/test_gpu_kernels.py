@@ -398,7 +398,18 @@ def test_packed_unpack_needs_a_gpu():
 
 
 KIVI_FLUSH_FORMATS = {"kivi2": formats.preset("kivi2"), "kivi4": formats.preset("kivi4"),
-                      "kivi2_g128": formats.preset("kivi2_g128"), "kivi4_sink3": formats.kivi(4, 32, 128, sink=3)}
+                      "kivi2_g128": formats.preset("kivi2_g128"), "kivi4_sink3": formats.kivi(4, 32, 128, sink=3),
+                      # the "words" layout (`QArray.layout`): key blocks packed per token row, value
+                      # codes into their bit planes; R = 256 is two key groups a block
+                      "kivi2_g128+words": formats.preset("kivi2_g128"),
+                      "kivi2_g128_sink3+words": formats.kivi(2, 128, 128, sink=3),
+                      "kivi2_g128_r256+words": formats.kivi(2, 128, 256)}
+
+
+def _stale_words(c):
+  """A "words" cache over reused buffers: random code bits a writer must replace, not OR into."""
+  bits = lambda a: jax.random.bits(jax.random.key(a.size), a.shape, jnp.uint16)
+  return c.replace(k=c.k.replace(codes=bits(c.k.codes)), v=c.v.replace(codes=bits(c.v.codes)))
 
 
 @pytest.mark.parametrize("fmt_name", list(KIVI_FLUSH_FORMATS))
@@ -407,9 +418,12 @@ def test_pallas_kivi_key_flush_equals_xla(fmt_name):
   T = 1 and T = 3 (ragged num_new) across block ends 127 -> 128 and 255 -> 256, a block completed
   by a middle token of T = 3, a sink block, and capacity drops at S = 384 (under jit)."""
   fmt = KIVI_FLUSH_FORMATS[fmt_name]
-  c = cache_lib.init_cache(fmt, 6, 2, 384, 128)
-  x = jax.random.normal(jax.random.PRNGKey(0), (6, 2, 384, 128)) * jnp.linspace(0.1, 4, 128)
-  c = cache_lib.append(c, x, -x, jnp.asarray([0, 127, 126, 255, 254, 383]))
+  words = fmt_name.endswith("+words")
+  c = cache_lib.init_cache(fmt, 6, 2, 384 + 128 * (fmt.residual > 128), 128, kivi_layout="words" if words else "")
+  c = _stale_words(c) if words else c
+  s_cap = c.capacity
+  x = jax.random.normal(jax.random.PRNGKey(0), (6, 2, s_cap, 128)) * jnp.linspace(0.1, 4, 128)
+  c = cache_lib.append(c, x, -x, jnp.asarray([0, 127, 126, 255, 254, s_cap - 1]))
   ref = lambda c_, k_, n_: cache_lib.append(c_, k_, k_ * 0.25, n_)
   pal = lambda c_, k_, n_: write.append(c_, k_, k_ * 0.25, n_, interpret=INTERPRET, flush_in_kernel=True)
   want = got = c
@@ -421,10 +435,23 @@ def test_pallas_kivi_key_flush_equals_xla(fmt_name):
     want = (jax.jit(ref) if jit else ref)(want, k, n)
     got = (jax.jit(pal) if jit else pal)(got, k, n)
     _assert_same_bits(want, got)
-  np.testing.assert_array_equal(np.asarray(got.lengths), [5, 133, 132, 261, 261, 384])
-  # all but the first crossed a block end (the last at capacity): the flushed blocks hold codes
+  np.testing.assert_array_equal(np.asarray(got.lengths), [5, 133, 132, 261, 261, s_cap])
+  # every sequence but the first crossed a block end (the last at capacity): the flushed blocks hold codes
+  flushed = [False] + [True] * 5 if fmt.residual == 128 else [False, False, False, True, True, True]
   changed = np.asarray(got.k.codes != c.k.codes).reshape(6, -1).any(1)
-  np.testing.assert_array_equal(changed, [False, True, True, True, True, True])
+  np.testing.assert_array_equal(changed, flushed)
+
+
+def test_pallas_append_words_planes_share_words():
+  """T = 40 tokens in one append into a "words" cache: tokens 16 apart share their value words
+  (different bit planes), so each store must keep the others' bits; == XLA scatters, bit for bit."""
+  c = _stale_words(cache_lib.init_cache(formats.preset("kivi2_g128"), 2, 1, 256, 128, kivi_layout="words"))
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 1, 128, 128))
+  c = cache_lib.append(c, x, x, jnp.asarray([3, 110]))  # the second crosses a tile (and key block) end
+  y = jax.random.normal(jax.random.PRNGKey(1), (2, 1, 40, 128))
+  rows = lambda c_, w: write.write_rows(c_, w, interpret=INTERPRET)
+  _assert_same_bits(cache_lib.append(c, y, -y, jnp.asarray([40, 27])),
+                    cache_lib.append(c, y, -y, jnp.asarray([40, 27]), write_rows=rows))
 
 
 def test_flush_helpers_match_quant():

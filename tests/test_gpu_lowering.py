@@ -87,7 +87,8 @@ def test_prefetched_scales_are_loop_carried_unconverted(fmt_name):
     assert results.count(carried) == want, (distance, results)
 
 
-APPEND_FORMATS = ["fp8_e4m3", "int4", "kivi2", "kivi4", "kivi2_g128", "kivi2_sink4", "int8+tile64"]
+APPEND_FORMATS = ["fp8_e4m3", "int4", "kivi2", "kivi4", "kivi2_g128", "kivi2_sink4", "int8+tile64",
+                  "kivi2_g128+words"]
 
 
 @pytest.mark.parametrize("fmt_name", APPEND_FORMATS)
@@ -97,9 +98,10 @@ def test_append_lowers_to_one_triton_kernel(fmt_name, num_new):
   import jax
   import jax.numpy as jnp
   from kvjax import cache as cache_lib, formats
-  name, _, tile = fmt_name.partition("+tile")
+  name, _, layout = fmt_name.partition("+")  # "+tileT": tiled value codes; "+words": the "words" layout
   fmt = formats.kivi(2, 32, 128, sink=4) if name == "kivi2_sink4" else formats.preset(name)
-  c = cache_lib.init_cache(fmt, 2, 2, 512, 128, value_tile=int(tile or 0))
+  c = cache_lib.init_cache(fmt, 2, 2, 512, 128, value_tile=int(layout[4:] or 0) if layout != "words" else None,
+                           kivi_layout="words" if layout == "words" else None)
   k = jnp.zeros((2, 2, num_new, 128), jnp.bfloat16)
   n = jnp.asarray([num_new, 0], jnp.int32)
   from pallas_kernels.gpu import write

@@ -33,7 +33,8 @@ def test_packing_puts_plane_m_at_bits_2m():
 
 
 # every option of `mk.Options` on and off at least once (all presets interpreted would add a minute)
-INTERPRETED = ("offset", "exact", "lean", "folded_mask", "folded_lazy_mask", "dequant_sum", "dequant2")
+INTERPRETED = ("offset", "exact", "lean", "folded_mask", "folded_lazy_mask", "dequant_sum", "dequant2",
+               "dequant_mask_s16")
 
 
 def test_interpreted_presets_cover_every_option():
@@ -59,6 +60,21 @@ def test_states_match_reference_in_the_interpreter(lengths, splits, variant):
   assert test_base.relative_error(l, rl) < 2e-3
   assert test_base.relative_error(o, ro) < 2e-3  # fp16 q * s and p * s, as the Triton kernels
   assert np.abs(o[~seen.any(-1)]).max(initial=0.0) == 0.0
+
+
+@pytest.mark.parametrize("variant", ["dequant_mask", "dequant_mask_s16"])
+def test_bf16_scales_match_reference(variant):
+  """The cache's scales and zeros are bf16: converted to fp16 per plane, or once per tile
+  (`Options.scales_once`); both == the reference on the same bf16 values."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=(512, 130))
+  ks, kz, vs, vz = (jnp.asarray(x, jnp.bfloat16) for x in (ks, kz, vs, vz))
+  out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz,
+                        num_splits=2, interpret=True, variant=variant)
+  ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=2)
+  assert test_base.relative_error(out[0], ref[0]) < 2e-3
+  assert test_base.relative_error(out[2], ref[2]) < 2e-3
+  with pytest.raises(ValueError, match="scales_once needs dequant_in_a"):
+    mk.Options(scales_once=True)
 
 
 @pytest.mark.parametrize("variant", ["folded", "lean", "dequant_mask"])

@@ -1,7 +1,7 @@
 """The "words" KIVI-2 code layout (`QArray.layout`, the Mosaic GPU kernel's): packing round trips,
 quantize / dequantize equal to the planar layout, a cache in either layout holding the same tokens
 bit for bit through prefill, ragged and decode appends (over stale bits), the defaults per backend,
-the writers and implementations that decline it, and bad inputs."""
+the one-kernel writer, the implementations that decline it, and bad inputs."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from kvjax import cache as kvcache, dispatch, formats, packing, quant
 from kvjax.formats import KIVISpec
-from pallas_kernels.gpu import mosaic_decode, ops, write
+from pallas_kernels.gpu import mosaic_decode, ops
 
 H = 128
 
@@ -125,9 +125,7 @@ def test_init_cache_rejects_bad_layouts():
 def test_writers_and_kernels_that_decline_fall_back():
   _, words = _pair(2, 256, kv_heads=1, stale=False)
   kv = jnp.ones((2, 1, 3, H))
-  with pytest.raises(NotImplementedError, match="'words' layout"):
-    write.append(words, kv, kv)
-  out = dispatch.append(words, kv, kv, implementation="pallas_gpu")  # falls back to XLA scatters
+  out = dispatch.append(words, kv, kv, implementation="pallas_gpu")  # the one-kernel writer takes "words"
   _same_tokens(kvcache.append(words, kv, kv), out)
   q = jnp.ones((2, 4, 5, H))  # 4 heads x 5 tokens = 20 query rows: over the Mosaic kernel's 16
   with pytest.raises(NotImplementedError, match=r"at most 16 query rows .* got q \(2, 4, 5, 128\)"):

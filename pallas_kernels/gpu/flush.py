@@ -105,18 +105,19 @@ def div_round(t: jax.Array, s: jax.Array) -> jax.Array:
 
 
 def flush_keys(b, h, lengths_ref, count_ref, new_ref, codes_ref, scale_ref, zero_ref, res_ref, *,
-               fmt: KVFormat, barrier: bool):
+               fmt: KVFormat, barrier: bool, words: bool = False):
   """One (sequence b, KV head h) program's part of a `KeyFlush` (``T < R``).
 
   Refs: lengths, count ``[B]`` int32 (lengths before the append); new ``[B, K, T, H]`` keys;
-  the aliased leaves codes ``[B, K, S / n, H]`` uint8 (n codes per byte), scale and zero
+  the aliased leaves codes ``[B, K, S / n, H]`` uint8 (n codes per byte; `words`: the "words"
+  layout's ``[B, K, S, 16]`` uint16, `kvjax.packing.pack_words` per token row), scale and zero
   ``[B, K, S / G, H]``, res ``[B, K, R, H]`` (read before it is rewritten).
   `barrier`: a CTA barrier between reading the residual and rewriting it (GPU).
   """
   spec, r_len, sink = fmt.key, fmt.residual, fmt.sink
   g_len, qmax, bits = spec.group_size, spec.qmax, spec.bits
   p_len = r_len // (8 // bits)  # rows of one packing plane
-  n_new = new_ref.shape[2]
+  n_new, hd = new_ref.shape[2], new_ref.shape[3]
   sd = jnp.dtype(spec.scale_dtype)
   f32 = jnp.float32
   length, count = lengths_ref[b], count_ref[b]
@@ -133,52 +134,72 @@ def flush_keys(b, h, lengths_ref, count_ref, new_ref, codes_ref, scale_ref, zero
 
   @pl.when(flush)
   def _flush():
-    news = [new_ref[b, h, pl.ds(j, 1), :].astype(f32) for j in range(n_new)]  # [1, H] each
+    memo = {}  # per channel slab: the new rows and the sink replacement, loaded once
 
-    def with_new(x, row):  # residual rows [n, H] at block rows `row` [n, 1], new tokens placed
+    def slab(c0, nc):  # (new rows [1, nc] each, sink replacement row or None) of channels [c0, c0 + nc)
+      if (c0, nc) not in memo:
+        cols = pl.ds(c0, nc)
+        news = [new_ref[b, h, pl.ds(j, 1), cols].astype(f32) for j in range(n_new)]
+        repl = None
+        if sink:  # tokens before `sink` read as the block's first later token (cache._without_sinks)
+          src = jnp.clip(sink - lq, 0, r_len - 1)
+          repl = with_new(res_ref[b, h, pl.ds(src, 1), cols].astype(f32), src, news)
+        memo[c0, nc] = news, repl
+      return memo[c0, nc]
+
+    def with_new(x, row, news):  # residual rows [n, C] at block rows `row` [n, 1], new tokens placed
       for j in range(n_new):
         x = jnp.where((row == r + j) & (j < count), news[j], x)
       return x
 
-    if sink:  # tokens before `sink` read as the block's first later token (cache._without_sinks)
-      src = jnp.clip(sink - lq, 0, r_len - 1)
-      repl = with_new(res_ref[b, h, pl.ds(src, 1), :].astype(f32), src)
-
-    def block_rows(start, n):  # rows [start, start + n) of the block, f32 [n, H]
+    def block_rows(start, n, c0=0, nc=hd):  # rows [start, start + n) of the block, channels [c0, c0 + nc)
+      news, repl = slab(c0, nc)
       row = start + lax.broadcasted_iota(jnp.int32, (n, 1), 0)
-      x = with_new(res_ref[b, h, pl.ds(start, n), :].astype(f32), row)
+      x = with_new(res_ref[b, h, pl.ds(start, n), pl.ds(c0, nc)].astype(f32), row, news)
       if sink:
         x = jnp.where(lq + row < sink, repl, x)
       return x, row
 
-    scales, zeros = [], []
-    for g in range(r_len // g_len):
-      x, _ = block_rows(g * g_len, g_len)
-      mn = round_down(jnp.min(x, axis=0, keepdims=True), sd)  # [1, H]
+    def group_stats(x, row, cols):  # x [G, C] one group's rows: (scale, zero) [1, C] f32, stored
+      mn = round_down(jnp.min(x, axis=0, keepdims=True), sd)  # [1, C]
       span = jnp.max(x, axis=0, keepdims=True) - mn.astype(f32)
       s = jnp.where(span > 0, step_for(span, qmax, sd), jnp.ones_like(span, sd))
-      row = blk * (r_len // g_len) + g
-      scale_ref[b, h, pl.ds(row, 1), :] = s.astype(scale_ref.dtype)
-      zero_ref[b, h, pl.ds(row, 1), :] = mn.astype(zero_ref.dtype)
-      scales.append(s.astype(f32))
-      zeros.append(mn.astype(f32))
+      scale_ref[b, h, pl.ds(row, 1), cols] = s.astype(scale_ref.dtype)
+      zero_ref[b, h, pl.ds(row, 1), cols] = mn.astype(zero_ref.dtype)
+      return s.astype(f32), mn.astype(f32)
 
-    packed = None
-    for i in range(8 // bits):
-      x, row = block_rows(i * p_len, p_len)
-      first, last = i * p_len // g_len, ((i + 1) * p_len - 1) // g_len  # groups in this plane
-      sf, zf = scales[first], zeros[first]
-      for g in range(first + 1, last + 1):
-        sf = jnp.where(row >= g * g_len, scales[g], sf)
-        zf = jnp.where(row >= g * g_len, zeros[g], zf)
-      code = jnp.clip(div_round(x - zf, sf), 0, qmax).astype(jnp.int32) << (i * bits)
-      packed = code if packed is None else packed | code
-    codes_ref[b, h, pl.ds(blk * p_len, p_len), :] = packed.astype(codes_ref.dtype)
+    code_of = lambda x, sf, zf: jnp.clip(div_round(x - zf, sf), 0, qmax).astype(jnp.int32)
+    if words:  # per group: 8 slabs of 16 channels, slab m at bits 2m of the group's [G, 16] words
+      width = hd // 8
+      for g in range(r_len // g_len):
+        packed = None
+        for m in range(8):
+          x, _ = block_rows(g * g_len, g_len, m * width, width)
+          sf, zf = group_stats(x, blk * (r_len // g_len) + g, pl.ds(m * width, width))
+          code = code_of(x, sf, zf) << (2 * m)
+          packed = code if packed is None else packed | code
+        codes_ref[b, h, pl.ds(lq + g * g_len, g_len), :] = packed.astype(codes_ref.dtype)
+    else:
+      cols = pl.ds(0, hd)
+      stats = [group_stats(block_rows(g * g_len, g_len)[0], blk * (r_len // g_len) + g, cols)
+               for g in range(r_len // g_len)]
+      packed = None
+      for i in range(8 // bits):
+        x, row = block_rows(i * p_len, p_len)
+        first, last = i * p_len // g_len, ((i + 1) * p_len - 1) // g_len  # groups in this plane
+        sf, zf = stats[first]
+        for g in range(first + 1, last + 1):
+          sf = jnp.where(row >= g * g_len, stats[g][0], sf)
+          zf = jnp.where(row >= g * g_len, stats[g][1], zf)
+        code = code_of(x, sf, zf) << (i * bits)
+        packed = code if packed is None else packed | code
+      codes_ref[b, h, pl.ds(blk * p_len, p_len), :] = packed.astype(codes_ref.dtype)
 
     if barrier:  # every thread's residual reads are done before any thread rewrites it
       plgpu.debug_barrier()
     row = lax.broadcasted_iota(jnp.int32, (r_len, 1), 0)
-    rest = jnp.zeros((r_len, news[0].shape[1]), f32) if n_new else None
+    rest = jnp.zeros((r_len, hd), f32)
+    news = slab(0, hd)[0]
     for j in range(n_new):  # tokens past the block start the next residual
       rest = jnp.where((row == r + j - r_len) & (j < count), news[j], rest)
     res_ref[b, h, :, :] = rest.astype(res_ref.dtype)

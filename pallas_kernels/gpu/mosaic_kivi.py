@@ -114,6 +114,9 @@ class Options:
     once its group retires); None issues all planes, then waits.
   q_in_smem: the query read from shared memory every tile instead of held in 16 registers.
   approx_math: ex2.approx (Mosaic GPU's approx_math).
+  scales_once: with `dequant_in_a`, scales and zeros that are not fp16 (the cache's bf16) converted
+    once per tile into fp16 shared memory (keys': one more commit before the logits; values': with the
+    probabilities' commit) rather than per plane where each A operand is built.
   """
   exact: bool = True
   zero_mma: bool = False
@@ -125,6 +128,7 @@ class Options:
   lag: int | None = 1
   q_in_smem: bool = True
   approx_math: bool = True
+  scales_once: bool = False
 
   def __post_init__(self):
     if self.zero_mma and not self.exact:
@@ -139,6 +143,8 @@ class Options:
       raise ValueError(f"unpack must be 'shift' or 'mask', got {self.unpack!r}")
     if self.unpack == "mask" and not self.exact:
       raise ValueError("unpack='mask' needs exact planes")
+    if self.scales_once and not self.dequant_in_a:
+      raise ValueError("scales_once needs dequant_in_a (the other presets read scales once per tile)")
     if self.lag is not None and not 0 <= self.lag <= 8:
       raise ValueError(f"lag must be None or 0..8 WGMMA groups in flight, got {self.lag}")
 
@@ -159,6 +165,11 @@ VARIANTS = {
     "dequant_sum": Options(dequant_in_a=True, unpack="mask"),
     "dequant2": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", tiles_per_step=2),
     "dequant2_sum": Options(dequant_in_a=True, unpack="mask", tiles_per_step=2),
+    # session 14: bf16 scales (the cache's) converted once per tile; WGMMA groups in flight
+    "dequant_mask_s16": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True),
+    "dequant_mask_lag2": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", lag=2),
+    "dequant_mask_lag4": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", lag=4),
+    "dequant_mask_s16_lag2": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True, lag=2),
 }
 
 
@@ -244,15 +255,23 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     alpha = jnp.exp2(m_prev - m_new)
     return [jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0) for ok, sc in zip(oks, scs)], m_new, alpha
 
-  def dequant_step(length, pt_smem, q16_smem):
+  once = opt.scales_once and ks.dtype != jnp.float16
+
+  def dequant_step(length, pt_smem, q16_smem, s16):
     """The step of `dequant_in_a` over `tiles_per_step` tiles: codes * scale + zero in the A registers,
     against the fp16 query (stored once) and the fp16 probabilities: one shared-memory store and one
-    commit per step."""
+    commit per step (two with `once`: the scales converted to fp16 in s16 first)."""
     nt = opt.tiles_per_step
     rows = lambda ref, j, size: ref.at[pl.ds(size * j, size)]
 
     def step(idx, kc_s, vc_s, ks_s, kz_s, vs_s, vz_s, carry):
       o, m_prev, l_prev, cv = carry
+      if once:
+        with jax.named_scope("kprep"):
+          for src, dst in zip((ks_s, kz_s), s16[:2]):
+            dst[...] = src[...].astype(jnp.float16)
+          plgpu.commit_smem()
+        ks_s, kz_s = s16[:2]
       with jax.named_scope("kmma"):
         scs = [mma(jnp.zeros((TILE, ROWS), jnp.float32),
                    plane_pairs(plgpu.load(rows(kc_s, j, TILE), layout=plgpu.Layout.WGMMA), q16_smem,
@@ -262,6 +281,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       with jax.named_scope("vprep"):
         for j, p in enumerate(ps):
           rows(pt_smem, j, TILE)[...] = p.astype(jnp.float16)
+        if once:
+          for src, dst in zip((vs_s, vz_s), s16[2:]):
+            dst[...] = src[...].astype(jnp.float16)
+          vs_s, vz_s = s16[2:]
         l_new = l_update(l_prev, alpha, functools.reduce(jnp.add, ps))
         plgpu.commit_smem()
       with jax.named_scope("vmma"):
@@ -274,7 +297,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     return step
 
   def body(q_g, len_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, o_g, m_g, l_g, qs_smem, pt_smem, q_smem, q16_smem,
-           zsk_smem, zsv_smem, bar):
+           zsk_smem, zsv_smem, s16, bar):
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
     plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
     plgpu.barrier_wait(bar)
@@ -336,7 +359,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     nt = opt.tiles_per_step
     tile_of = lambda t: si * (per // nt) + t  # in blocks of nt tiles
     pipe = plgpu.emit_pipeline(
-        dequant_step(length, pt_smem, q16_smem) if opt.dequant_in_a else step, grid=(per // nt,),
+        dequant_step(length, pt_smem, q16_smem, s16) if opt.dequant_in_a else step, grid=(per // nt,),
         max_concurrent_steps=stages, init_carry=init,
         in_specs=[plgpu.BlockSpec((nt * TILE, 16), lambda t: (tile_of(t), 0), transforms=code_tiles),
                   plgpu.BlockSpec((nt * h, 16), lambda t: (tile_of(t), 0), transforms=code_tiles),
@@ -366,7 +389,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                      plgpu.SMEM((opt.tiles_per_step * TILE, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h, ROWS), jnp.float32),
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
-                     plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16), plgpu.Barrier(num_arrivals=1)],
+                     plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16),
+                     [plgpu.SMEM((opt.tiles_per_step * n_,), jnp.float16) for n_ in (h, h, TILE, TILE)] if once else [],
+                     plgpu.Barrier(num_arrivals=1)],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                            approx_math=opt.approx_math, **prof),
       kernel_name="kvjax_mosaic_kivi2", **kw)

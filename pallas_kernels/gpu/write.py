@@ -43,11 +43,12 @@ __all__ = ["write_rows", "append", "append_inplace", "decode_step"]
 
 
 def _flat(w: RowWrite, leaf) -> tuple[tuple[int, int, int, int], jax.Array]:
-  """The leaf's [B, K, S', X] view and the write's rows [B, K, n, X] (X = the row's elements)."""
+  """The leaf's [B, K, S', X] view and the write's rows [B, K, n, X] (X = the row's elements; a
+  `planes` write: the "words" leaf [B, K, S, 16] and the tokens' codes [B, K, n, 128])."""
   view = tuple(leaf.reshape(w.view).shape)
   x = math.prod(view[3:])
   b, k, n = w.new.shape[:3]
-  return (view[0], view[1], view[2], x), w.new.reshape(b, k, n, x)
+  return (view[0], view[1], view[2], x), w.new.reshape(b, k, n, -1 if w.planes else x)
 
 
 _FLUSH_LEAVES = ("k.codes", "k.scale", "k.zero", "k_res")
@@ -79,7 +80,7 @@ def _quantize_row(x, spec):
   return jnp.where(x < 0, -c, c).astype(jnp.int8), s
 
 
-def _kernel(*refs, rows, tiles, n_writes, quants, fmt, barrier):
+def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
   nq = len(quants)
   n_in = 2 * n_writes + 2 * nq + (3 if fmt is not None else 0)  # pos, new, qpos, qraw [, flush in]
   pos_refs = refs[:n_writes]
@@ -90,7 +91,7 @@ def _kernel(*refs, rows, tiles, n_writes, quants, fmt, barrier):
   b, h = pl.program_id(0), pl.program_id(1)
   if fmt is not None:
     flush_lib.flush_keys(b, h, *refs[2 * n_writes + 2 * nq:n_in], *out_refs[n_writes + 2 * nq:],
-                         fmt=fmt, barrier=barrier)
+                         fmt=fmt, barrier=barrier, words=words)
 
   def store(out, r, tile, val):  # val: [1, X] row (token-major) or [X, 1] column (tiled)
     n_rows = out.shape[2] * max(tile, 1)
@@ -102,11 +103,27 @@ def _kernel(*refs, rows, tiles, n_writes, quants, fmt, barrier):
       else:
         out[b, h, pl.ds(r, 1), :] = val.astype(out.dtype)
 
+  def store_planes(out, p, code, shared):  # out [B, K, S, 16] "words" values; code [128, 1]: token p's
+    w = quant.WORDS_TILE
+
+    @pl.when((p >= 0) & (p < out.shape[2]))
+    def _store():
+      rows_, col = pl.ds(p // w * w, w), pl.ds(p % 16, 1)  # channel h of tile p // w: row w (p // w) + h
+      shift = 2 * ((p % w) // 16)
+      old = out[b, h, rows_, col].astype(jnp.int32)
+      val = (old & ~(3 << shift)) | (code.astype(jnp.int32) << shift)
+      out[b, h, rows_, col] = val.astype(out.dtype)
+      if barrier and shared:  # a later token of this write may share these words (16 tokens on)
+        plgpu.debug_barrier()
+
   for i in range(n_writes):
     for j in range(rows[i]):  # static: T tokens (decode: 1), or the flush blocks
-      new = new_refs[i]  # [B, K, X, n] for a tiled leaf, else [B, K, n, X]
-      val = new[b, h, :, pl.ds(j, 1)] if tiles[i] else new[b, h, pl.ds(j, 1), :]
-      store(out_refs[i], pos_refs[i][b, j], tiles[i], val)
+      new = new_refs[i]  # [B, K, X, n] for a tiled leaf or planes, else [B, K, n, X]
+      val = new[b, h, :, pl.ds(j, 1)] if tiles[i] or planes[i] else new[b, h, pl.ds(j, 1), :]
+      if planes[i]:
+        store_planes(out_refs[i], pos_refs[i][b, j], val, rows[i] > 16)
+      else:
+        store(out_refs[i], pos_refs[i][b, j], tiles[i], val)
   for i, (spec, tile) in enumerate(quants):
     codes_out, scale_out = out_refs[n_writes + 2 * i], out_refs[n_writes + 2 * i + 1]
     raw = qraw_refs[i]  # [B, K, H, n] for tiled codes, else [B, K, n, H]
@@ -136,8 +153,6 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   Raises NotImplementedError where Triton cannot tile a row (its element count
   is not a power of two), so `dispatch.append` falls back to XLA scatters.
   """
-  if cache.k.layout or cache.v.layout:
-    raise NotImplementedError("pallas_gpu append: KIVI codes in the 'words' layout (XLA scatters store them)")
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
   quants = [w for w in writes if isinstance(w, QuantRows)]
@@ -166,11 +181,12 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
       raise NotImplementedError(f"pallas_gpu append: {name} rows of {v[3]} elements (needs a power of two)")
   b, k = cache.batch, cache.num_kv_heads
   tiles = tuple(w.tile for w in writes)
+  planes = tuple(w.planes for w in writes)
   rows = tuple(x.shape[2] for x in news)
   # Tiled leaves (`RowWrite.tile`): [B, K, S'/T, X, T] with the new rows as columns [B, K, X, n].
   dsts = [a.reshape(v[:2] + (v[2] // t, v[3], t)) if t else a.reshape(v)
           for a, v, t in zip(leaves, views, tiles)]
-  news = [jnp.swapaxes(x, 2, 3) if t else x for x, t in zip(news, tiles)]
+  news = [jnp.swapaxes(x, 2, 3) if t or p else x for x, t, p in zip(news, tiles, planes)]
   pos = [jnp.asarray(w.pos, jnp.int32) for w in writes]
   n = len(writes)
   q_leaves = [getattr(cache, w.role) for w in quants]
@@ -184,19 +200,20 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
     dsts += [qa.codes.reshape(bq, kq, sq // qa.tile, hq, qa.tile) if qa.tile else qa.codes,
              qa.scale.reshape(bq, kq, sq, 1)]
   flush_in = []
+  words = cache.k.layout == "words"
   if fl is not None:
     spec, s_cap = cache.fmt.key, cache.capacity
     per_byte = 8 // spec.bits
     names += list(_FLUSH_LEAVES)
     leaves += [cache_lib.get_leaf(cache, nm) for nm in _FLUSH_LEAVES]
-    dsts += [cache.k.codes.reshape(b, k, s_cap // per_byte, -1),  # planar blocks of R tokens
-             cache.k.scale, cache.k.zero, cache.k_res]  # [B, K, S / G, H] twice, [B, K, R, H]
+    codes = cache.k.codes if words else cache.k.codes.reshape(b, k, s_cap // per_byte, -1)  # planar blocks
+    dsts += [codes, cache.k.scale, cache.k.zero, cache.k_res]  # [B, K, S / G, H] twice, [B, K, R, H]
     flush_in = [jnp.asarray(fl.lengths, jnp.int32), jnp.asarray(fl.count, jnp.int32), fl.new]
   if num_warps is None:
     num_warps = 1 if fl is None else 4
   n_in = 2 * n + 2 * len(quants) + len(flush_in)
-  kernel = functools.partial(_kernel, rows=rows, tiles=tiles, n_writes=n, quants=q_specs,
-                             fmt=cache.fmt if fl is not None else None, barrier=not interpret)
+  kernel = functools.partial(_kernel, rows=rows, tiles=tiles, planes=planes, n_writes=n, quants=q_specs,
+                             fmt=cache.fmt if fl is not None else None, words=words, barrier=not interpret)
   out = pl.pallas_call(
       kernel, grid=(b, k),
       out_shape=[jax.ShapeDtypeStruct(d.shape, d.dtype) for d in dsts],
