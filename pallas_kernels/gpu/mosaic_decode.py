@@ -28,8 +28,10 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 
 # Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
 # 8 splits (144.2 at 4), folded_lazy (session 11's default) 185.0 / 190.9, dequant2 136.3 at 4; B=1 32k
-# dequant_mask 27.9 us at 32 splits.
-DEFAULT_VARIANT = "dequant_mask"
+# dequant_mask 27.9 us at 32 splits. Those caches had fp16 scales; a kvjax cache holds bf16, where
+# dequant_mask takes 148.6 us and dequant_mask_s16 (converted once per tile) 131.8 (session 14,
+# decode_parts/mosaic_s14a.json; lag 2 / 4: 170.1 / 167.5; 16 splits 132.7; 3 stages 143.7).
+DEFAULT_VARIANT = "dequant_mask_s16"
 TARGET_PROGRAMS = 512  # B=8 x 8 KV heads x 8 splits: the best of 4 / 8 at 32k; 1 x 8 x 32 at B=1
 MAX_SPLITS = 32        # the most timed
 
