@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from kvjax import quant
-from kvjax.formats import FP8Spec, IntSpec
+from kvjax.formats import FP8Spec, IntSpec, KIVISpec
 from kvjax.quant import QArray
 
 if TYPE_CHECKING:
@@ -131,7 +131,8 @@ def _write_per_token(old: QArray, new: QArray, pos: Array, role: str) -> list[Ro
 
 @dataclasses.dataclass(frozen=True)
 class QuantRows:
-  """One append's keys or values (`role` "k" / "v"), left to the writer to quantize per token:
+  """One append's keys or values (`role` "k" / "v"), left to the writer to quantize per token
+  (`writer_quantizes`):
   raw rows `new` ``[B, K, n, H]`` at token rows `pos` ``[B, n]``. `lower_quants` is the reference
   (`quant.quantize`, then the codes and scales as `RowWrite`s); the GPU writer does it in-kernel."""
 
@@ -142,9 +143,11 @@ class QuantRows:
 
 def writer_quantizes(q: QArray) -> bool:
   """Whether `append` hands `q`'s new rows to the writer unquantized (`QuantRows`): dynamic FP8 and
-  INT8 with 16-bit per-token scales, whose rounding (`quant.fp8_div`, `quant.div_round`) is exact."""
+  INT8 with 16-bit per-token scales, and KIVI values (per token) in the "words" layout, whose
+  rounding (`quant.fp8_div`, `quant.div_round`) is exact."""
   spec = q.spec
-  per_token = (isinstance(spec, FP8Spec) and not spec.static) or (isinstance(spec, IntSpec) and spec.bits == 8)
+  per_token = ((isinstance(spec, FP8Spec) and not spec.static) or (isinstance(spec, IntSpec) and spec.bits == 8)
+               or (isinstance(spec, KIVISpec) and spec.axis == "channel" and q.layout == "words"))
   return per_token and quant.exact_rounding(spec)
 
 

@@ -3,6 +3,8 @@ quantize / dequantize equal to the planar layout, a cache in either layout holdi
 bit for bit through prefill, ragged and decode appends (over stale bits), the defaults per backend,
 the one-kernel writer, the implementations that decline it, and bad inputs."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from kvjax import cache as kvcache, dispatch, formats, packing, quant
 from kvjax.formats import KIVISpec
-from pallas_kernels.gpu import mosaic_decode, ops
+from pallas_kernels.gpu import mosaic_decode, ops, write
 
 H = 128
 
@@ -94,11 +96,16 @@ def test_jitted_stacked_append_in_words_layout():
   planar = kvcache.init_cache(fmt, 2, 1, 256, H, kivi_layout="", **kw)
   words = kvcache.init_cache(fmt, 2, 1, 256, H, kivi_layout="words", **kw)
   step = jax.jit(kvcache.append, donate_argnums=0)
+  # the one-kernel writer, vmapped over the layers (values quantized and the key block flushed in it)
+  pallas = jax.jit(lambda c, k, v: kvcache.append(c, k, v, write_rows=functools.partial(write.write_rows, interpret=True)))
+  words2 = jax.tree_util.tree_map(jnp.copy, words)  # `step` donates words
   for t in (127, 1, 1):
     kv = [jnp.asarray(rng.standard_normal((2, 2, 1, t, H)), jnp.float32) for _ in range(2)]
-    planar, words = kvcache.append(planar, *kv), step(words, *kv)
+    planar, words, words2 = kvcache.append(planar, *kv), step(words, *kv), pallas(words2, *kv)
   for i in range(2):
     _same_tokens(planar.layer(i), words.layer(i))
+  for a, b in zip(jax.tree_util.tree_leaves(words), jax.tree_util.tree_leaves(words2), strict=True):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
 
 
 def test_default_layout_per_backend_and_format():

@@ -36,7 +36,7 @@ from kvjax import cache as cache_lib
 from kvjax import dispatch
 from kvjax import quant
 from kvjax.cache import KeyFlush, KVCache, QuantRows, RowWrite
-from kvjax.formats import FP8Spec
+from kvjax.formats import FP8Spec, KIVISpec
 from pallas_kernels.gpu import flush as flush_lib
 
 __all__ = ["write_rows", "append", "append_inplace", "decode_step"]
@@ -68,10 +68,18 @@ def flush_in_kernel_default(fmt) -> bool:
 
 def _quantize_row(x, spec):
   """One token's row x [1, H] (or its column [H, 1]) f32 -> (codes, scale [1, 1] in the scale
-  dtype) as `quant.quantize` computes them, bit for bit (exact steps, lowerable primitives)."""
+  dtype[, zero [1, 1] for KIVI]) as `quant.quantize` computes them, bit for bit (exact steps,
+  lowerable primitives). KIVI: one group of H channels (values, G = H)."""
   sd = jnp.dtype(spec.scale_dtype)
   qmax = spec.max if isinstance(spec, FP8Spec) else spec.qmax
-  amax = jnp.max(jnp.max(jnp.abs(x), axis=0, keepdims=True), axis=1, keepdims=True)  # [1, 1]
+  over_all = lambda f, y: f(f(y, axis=0, keepdims=True), axis=1, keepdims=True)  # [1, 1]
+  if isinstance(spec, KIVISpec):  # asymmetric: `quant.compute_scale`'s min / span
+    mn = flush_lib.round_down(over_all(jnp.min, x), sd)
+    span = over_all(jnp.max, x) - mn.astype(jnp.float32)
+    s = jnp.where(span > 0, flush_lib.step_for(span, qmax, sd), jnp.ones_like(span, sd))
+    c = jnp.clip(flush_lib.div_round(x - mn.astype(jnp.float32), s.astype(jnp.float32)), 0, qmax)
+    return c.astype(jnp.int32), s, mn
+  amax = over_all(jnp.max, jnp.abs(x))
   s = flush_lib.step_for(jnp.where(amax > 0, amax, qmax), qmax, sd)
   sf = s.astype(jnp.float32)
   if isinstance(spec, FP8Spec):
@@ -82,6 +90,7 @@ def _quantize_row(x, spec):
 
 def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
   nq = len(quants)
+  q_first = [n_writes + sum(len(o) for *_, o in quants[:i]) for i in range(nq + 1)]  # each quant's outputs
   n_in = 2 * n_writes + 2 * nq + (3 if fmt is not None else 0)  # pos, new, qpos, qraw [, flush in]
   pos_refs = refs[:n_writes]
   new_refs = refs[n_writes:2 * n_writes]
@@ -90,7 +99,7 @@ def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
   out_refs = refs[n_in + len(refs[n_in:]) // 2:]  # aliased to the leaves, which are read only here
   b, h = pl.program_id(0), pl.program_id(1)
   if fmt is not None:
-    flush_lib.flush_keys(b, h, *refs[2 * n_writes + 2 * nq:n_in], *out_refs[n_writes + 2 * nq:],
+    flush_lib.flush_keys(b, h, *refs[2 * n_writes + 2 * nq:n_in], *out_refs[q_first[nq]:],
                          fmt=fmt, barrier=barrier, words=words)
 
   def store(out, r, tile, val):  # val: [1, X] row (token-major) or [X, 1] column (tiled)
@@ -124,15 +133,21 @@ def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
         store_planes(out_refs[i], pos_refs[i][b, j], val, rows[i] > 16)
       else:
         store(out_refs[i], pos_refs[i][b, j], tiles[i], val)
-  for i, (spec, tile) in enumerate(quants):
-    codes_out, scale_out = out_refs[n_writes + 2 * i], out_refs[n_writes + 2 * i + 1]
-    raw = qraw_refs[i]  # [B, K, H, n] for tiled codes, else [B, K, n, H]
-    for j in range(raw.shape[3] if tile else raw.shape[2]):
-      x = (raw[b, h, :, pl.ds(j, 1)] if tile else raw[b, h, pl.ds(j, 1), :]).astype(jnp.float32)
-      codes, s = _quantize_row(x, spec)
+  for i, (spec, tile, in_planes, outs) in enumerate(quants):
+    codes_out, *scale_outs = out_refs[q_first[i]:q_first[i + 1]]  # codes, scale[, zero]
+    column = tile or in_planes
+    raw = qraw_refs[i]  # [B, K, H, n] for tiled or "words" codes, else [B, K, n, H]
+    n_tok = raw.shape[3] if column else raw.shape[2]
+    for j in range(n_tok):
+      x = (raw[b, h, :, pl.ds(j, 1)] if column else raw[b, h, pl.ds(j, 1), :]).astype(jnp.float32)
+      codes, *per_token = _quantize_row(x, spec)
       r = qpos_refs[i][b, j]
-      store(codes_out, r, tile, codes)
-      store(scale_out, r, 0, s)
+      if in_planes:
+        store_planes(codes_out, r, codes, n_tok > 16)
+      else:
+        store(codes_out, r, tile, codes)
+      for out, val in zip(scale_outs, per_token):
+        store(out, r, 0, val)
 
 
 def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows], *, interpret=None,
@@ -190,15 +205,16 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   pos = [jnp.asarray(w.pos, jnp.int32) for w in writes]
   n = len(writes)
   q_leaves = [getattr(cache, w.role) for w in quants]
-  q_specs = tuple((qa.spec, qa.tile) for qa in q_leaves)
+  q_outs = [("codes", "scale") + (("zero",) if qa.zero is not None else ()) for qa in q_leaves]
+  q_specs = tuple((qa.spec, qa.tile, qa.layout == "words", o) for qa, o in zip(q_leaves, q_outs))
   q_pos = [jnp.asarray(w.pos, jnp.int32) for w in quants]
-  q_raw = [jnp.swapaxes(w.new, 2, 3) if qa.tile else w.new for w, qa in zip(quants, q_leaves)]
-  for w, qa in zip(quants, q_leaves):
+  q_raw = [jnp.swapaxes(w.new, 2, 3) if qa.tile or qa.layout else w.new for w, qa in zip(quants, q_leaves)]
+  for w, qa, outs in zip(quants, q_leaves, q_outs):
     bq, kq, sq, hq = qa.codes.shape
-    names += [f"{w.role}.codes", f"{w.role}.scale"]
-    leaves += [qa.codes, qa.scale]
-    dsts += [qa.codes.reshape(bq, kq, sq // qa.tile, hq, qa.tile) if qa.tile else qa.codes,
-             qa.scale.reshape(bq, kq, sq, 1)]
+    names += [f"{w.role}.{o}" for o in outs]
+    leaves += [getattr(qa, o) for o in outs]
+    dsts += [qa.codes.reshape(bq, kq, sq // qa.tile, hq, qa.tile) if qa.tile else qa.codes]
+    dsts += [getattr(qa, o).reshape(bq, kq, sq, 1) for o in outs[1:]]  # per-token scale[, zero]
   flush_in = []
   words = cache.k.layout == "words"
   if fl is not None:
