@@ -20,7 +20,10 @@ longer appends (prefill) take `flush_rows`.
 
 Tiles are sliced, never reshaped: a group is rows ``[gG, (g + 1)G)`` and a
 packing plane rows ``[iP, (i + 1)P)`` (``P = R / codes per byte``) of the
-block, each loaded from the residual on its own.
+block, each loaded from the residual on its own. In the "words" layout
+(`kvjax.packing.pack_words`: word j of a token row holds channels j + 16 m at
+bits 2m) each group is quantized per 16-channel slab ``[G, 16]`` instead
+(per-channel statistics, so slab by slab is the same arithmetic).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """KIVI-2 (G=128) decode states on Mosaic GPU (Pallas `plgpu`), dequantized codes as WGMMA's register A
-operand. Experimental: checked against its jnp reference on the H200 and timed there (session 11:
-192.6 us at B=8, 32k, Llama-3-8B heads, against torch SDPA bf16's 244.1 and the Triton kivi2_g128
-kernel's 318.0, same run); not yet wired into `ops.decode_attention` (its code layout is not the cache's).
+operand. `mosaic_decode` runs it over a cache in the "words" layout (`QArray.layout`, the GPU default
+for KIVI-2 G = R = H = 128), which `ops.decode_attention` dispatches there. H200, B=8 32k, Llama-3-8B
+heads: 122.9 us in the profile with `DEFAULT_VARIANT` (session 14; session 11's first version 192.6;
+torch SDPA bf16 ~240 us for the whole call).
 
 Why: the Triton kernels reach the tensor cores only through shared-memory round trips of every
 dequantized tile; KIVI-2 issues ~1.1 warp-instructions per cache byte there, and 4.5x the bf16 peer

@@ -16,6 +16,11 @@ same programs put the new keys in their residual slots and, on the step a
 sequence's R-token block fills, quantize and store it (`flush.py`), so a
 KIVI append is one kernel too, with no per-step XLA key quantization.
 
+A KIVI-2 cache in the "words" layout (`QArray.layout`) is stored the same
+way: its values quantized per token in the kernel and each token's codes
+read-modify-written into their bit planes of the transposed tile
+(`store_planes`), a flushed key block packed as token rows.
+
 `append` is the "pallas_gpu" entry of `kvjax.dispatch.append`; `decode_step`
 fuses append + attend in one jitted, donated call, the shape of a real decode
 step. Interpret mode runs the same kernel on any backend (tests).
