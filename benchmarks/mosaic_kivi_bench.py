@@ -8,7 +8,8 @@ kivi2_g128 kernel (`ops.decode_attention`) and torch SDPA bf16, same run, Llama-
 
 Timing as `decode_kernels.py` (steps in one jitted fori_loop, each query from the previous output,
 cache copies rotated beyond L2, median of --reps); the caches are random packed words (every uint16 is
-eight valid codes) with random scales and zeros, filled to ctx - 256 tokens.
+eight valid codes) with random scales and zeros, filled to ctx - 256 tokens (`--fill F`: F x ctx tokens,
+a long cache holding few tokens; bytes counted for the tokens held).
 """
 
 from __future__ import annotations
@@ -77,14 +78,16 @@ def check(log, interpret=False, variants=mk.VARIANTS):
   return worst
 
 
-def caches_for(b, ctx, key, scale_dtype=jnp.float16):
-  """Enough random packed caches to rotate beyond L2, their bytes read at ctx - 256 tokens, lengths."""
+def caches_for(b, ctx, key, scale_dtype=jnp.float16, fill=None):
+  """Enough random packed caches to rotate beyond L2, their bytes read at the lengths (ctx - 256 tokens,
+  or fill x ctx), lengths."""
   c0 = random_packed(b, dk.SHAPE.k_heads, ctx, key, scale_dtype)
   nbytes = sum(x.nbytes for x in c0)
   ns = dk.n_sets(nbytes)
   caches = (c0,) + tuple(random_packed(b, dk.SHAPE.k_heads, ctx, jax.random.fold_in(key, i), scale_dtype)
                          for i in range(1, ns))
-  return caches, nbytes * (ctx - 256) / ctx, jnp.full((b,), ctx - 256, jnp.int32)
+  n = ctx - 256 if fill is None else max(1, int(fill * ctx))
+  return caches, nbytes * n / ctx, jnp.full((b,), n, jnp.int32)
 
 
 def check_cache(log, interpret=False, variant="folded_lazy"):
@@ -162,6 +165,7 @@ def main(argv=None):
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--peers", default="triton,torch_sdpa", help="of triton (kvjax kivi2_g128), torch_sdpa")
   ap.add_argument("--no-check", action="store_true")
+  ap.add_argument("--fill", type=float, default=None, help="lengths = fill x context (default: context - 256)")
   ap.add_argument("--scale-dtype", default="float16", choices=("float16", "bfloat16"),
                   help="of the timed caches' scales and zeros (kvjax caches hold bfloat16)")
   ap.add_argument("--stream-gb", type=float, default=1.0)
@@ -206,14 +210,14 @@ def main(argv=None):
 
   for p in filter(None, args.points.split(",")):
     b, ctx = map(int, p.split(":"))
-    caches, nb, lengths = caches_for(b, ctx, key, jnp.dtype(args.scale_dtype))
+    caches, nb, lengths = caches_for(b, ctx, key, jnp.dtype(args.scale_dtype), args.fill)
     for v, ns, st in itertools.product(variants, map(int, filter(None, args.splits.split(","))),
                                        map(int, filter(None, args.stages.split(",")))):
       if (ctx // mk.TILE) % ns or (ctx // mk.TILE // ns) % mk.VARIANTS[v].tiles_per_step:
         continue
       us = mosaic_row(b, caches, nb, lengths, ns, args.reps, key, args.interpret, st, v)
       add("kvjax_mosaic", "kivi2_g128", b, ctx, us, nb, {"num_splits": ns, "stages": st, "variant": v,
-                                                         "scale_dtype": args.scale_dtype},
+                                                         "scale_dtype": args.scale_dtype, "fill": args.fill},
           f"mosaic {v} splits {ns} stages {st} {args.scale_dtype}")
     del caches
     if "triton" in peers:

@@ -34,7 +34,7 @@ def test_packing_puts_plane_m_at_bits_2m():
 
 # every option of `mk.Options` on and off at least once (all presets interpreted would add a minute)
 INTERPRETED = ("offset", "exact", "lean", "folded_mask", "folded_lazy_mask", "dequant_sum", "dequant2",
-               "dequant_mask_s16")
+               "dequant_mask_s16_stop")
 
 
 def test_interpreted_presets_cover_every_option():
@@ -75,6 +75,17 @@ def test_bf16_scales_match_reference(variant):
   assert test_base.relative_error(out[2], ref[2]) < 2e-3
   with pytest.raises(ValueError, match="scales_once needs dequant_in_a"):
     mk.Options(scales_once=True)
+
+
+def test_stopping_at_the_lengths_changes_no_bit():
+  """`Options.stop_at_length` (each split's pipeline over its steps below the length, none past it)
+  == the masked walk over the whole capacity, bit for bit: empty, one-token, ragged and full."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=(384, 129, 0, 1, 512))
+  args = (q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
+  full, stop = (mk.kivi2_states(*args, num_splits=2, interpret=True, variant=v)
+                for v in ("dequant_mask_s16", "dequant_mask_s16_stop"))
+  for a, b in zip(full, stop, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize("variant", ["folded", "lean", "dequant_mask"])
@@ -166,3 +177,9 @@ def test_bench_script_checks_and_times_in_the_interpreter(tmp_path, monkeypatch)
       ("exact", 2), ("exact", 4), ("dequant2", 2)]
   assert json.loads(out.read_text())["rows"] == res["rows"]
   assert out.exists() and res["rows"][0]["us"] > 0 and res["rows"][0]["bytes_read"] > 0
+  # a cache holding a quarter of its capacity (`--fill`), bf16 scales: bytes counted for the tokens held
+  part = bench.main(["--points", "1:512", "--splits", "2", "--peers", "", "--reps", "1", "--no-check",
+                     "--variants", "dequant_mask_s16_stop", "--stream-gb", "0.01", "--interpret", "--fill", "0.25",
+                     "--scale-dtype", "bfloat16", "--out", str(tmp_path / "p.json")])["rows"]
+  assert [(r["options"]["fill"], r["options"]["scale_dtype"]) for r in part] == [(0.25, "bfloat16")]
+  assert part[0]["bytes_read"] == res["rows"][0]["bytes_read"] / 2  # 128 tokens held against 512 - 256

@@ -118,6 +118,8 @@ class Options:
   scales_once: with `dequant_in_a`, scales and zeros that are not fp16 (the cache's bf16) converted
     once per tile into fp16 shared memory (keys': one more commit before the logits; values': with the
     probabilities' commit) rather than per plane where each A operand is built.
+  stop_at_length: each split's pipeline runs over the steps holding tokens below the sequence's length
+    only (a dynamic grid; none for a split past it), else over the whole capacity, masked.
   """
   exact: bool = True
   zero_mma: bool = False
@@ -130,6 +132,7 @@ class Options:
   q_in_smem: bool = True
   approx_math: bool = True
   scales_once: bool = False
+  stop_at_length: bool = False
 
   def __post_init__(self):
     if self.zero_mma and not self.exact:
@@ -171,6 +174,8 @@ VARIANTS = {
     "dequant_mask_lag2": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", lag=2),
     "dequant_mask_lag4": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", lag=4),
     "dequant_mask_s16_lag2": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True, lag=2),
+    "dequant_mask_s16_stop": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
+                                     stop_at_length=True),
 }
 
 
@@ -359,8 +364,12 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
             jnp.zeros(acc_shape, jnp.float32), jnp.zeros(cv_shape, jnp.float32))
     nt = opt.tiles_per_step
     tile_of = lambda t: si * (per // nt) + t  # in blocks of nt tiles
+    steps = per // nt
+    if opt.stop_at_length:  # steps of this split holding a token below the length (0 past it)
+      live = lax.div(length + (nt * TILE - 1), nt * TILE)
+      steps = jnp.clip(live - si * steps, 0, steps)
     pipe = plgpu.emit_pipeline(
-        dequant_step(length, pt_smem, q16_smem, s16) if opt.dequant_in_a else step, grid=(per // nt,),
+        dequant_step(length, pt_smem, q16_smem, s16) if opt.dequant_in_a else step, grid=(steps,),
         max_concurrent_steps=stages, init_carry=init,
         in_specs=[plgpu.BlockSpec((nt * TILE, 16), lambda t: (tile_of(t), 0), transforms=code_tiles),
                   plgpu.BlockSpec((nt * h, 16), lambda t: (tile_of(t), 0), transforms=code_tiles),
