@@ -165,7 +165,8 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   ones (prefill), XLA quantizes it (`cache.flush_rows`) and the kernel stores the rows. `num_warps`: default 1, or 4
   with an in-kernel flush (its ``[G, H]`` f32 tiles).
 
-  `QuantRows` (per-token FP8 / INT8 keys and values, `cache.writer_quantizes`) are quantized in
+  `QuantRows` (per-token FP8 / INT8 keys and values, KIVI values of a "words" cache;
+  `cache.writer_quantizes`) are quantized in
   the kernel too (`_quantize_row`, bit-identical to `quant.quantize`), so a decode append is one
   kernel and no XLA fusions; `quantize_in_kernel=False` quantizes them with XLA first (the
   session-8 path: four small fusions before the kernel on the H200).
