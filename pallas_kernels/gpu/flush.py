@@ -36,7 +36,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from kvjax.formats import KVFormat
 
-__all__ = ["supported", "flush_keys", "round_down", "step_for", "div_round"]
+__all__ = ["supported", "flush_keys", "round_down", "step_for", "kivi_scale", "div_round"]
 
 _UINT = {2: jnp.uint16, 4: jnp.uint32}
 
@@ -92,6 +92,14 @@ def step_for(span: jax.Array, qmax: int, dtype) -> jax.Array:
   s = jnp.where((down > 0) & (down.astype(jnp.float32) * qmax >= span), down, s)
   s = jnp.where(s.astype(jnp.float32) * qmax < span, _next(s, True), s)
   return jnp.maximum(s, jnp.array(jnp.finfo(dtype).tiny, dtype))
+
+
+def kivi_scale(lo: jax.Array, hi: jax.Array, qmax: int, dtype) -> tuple[jax.Array, jax.Array]:
+  """`quant.compute_scale` for KIVI from a group's f32 min `lo` and max `hi`: (scale, zero) in
+  `dtype`, the zero rounded down, a unit scale for a constant group."""
+  mn = round_down(lo, dtype)
+  span = hi - mn.astype(jnp.float32)
+  return jnp.where(span > 0, step_for(span, qmax, dtype), jnp.ones_like(span, dtype)), mn
 
 
 def div_round(t: jax.Array, s: jax.Array) -> jax.Array:
@@ -164,9 +172,8 @@ def flush_keys(b, h, lengths_ref, count_ref, new_ref, codes_ref, scale_ref, zero
       return x, row
 
     def group_stats(x, row, cols):  # x [G, C] one group's rows: (scale, zero) [1, C] f32, stored
-      mn = round_down(jnp.min(x, axis=0, keepdims=True), sd)  # [1, C]
-      span = jnp.max(x, axis=0, keepdims=True) - mn.astype(f32)
-      s = jnp.where(span > 0, step_for(span, qmax, sd), jnp.ones_like(span, sd))
+      lo, hi = jnp.min(x, axis=0, keepdims=True), jnp.max(x, axis=0, keepdims=True)  # [1, C]
+      s, mn = kivi_scale(lo, hi, qmax, sd)
       scale_ref[b, h, pl.ds(row, 1), cols] = s.astype(scale_ref.dtype)
       zero_ref[b, h, pl.ds(row, 1), cols] = mn.astype(zero_ref.dtype)
       return s.astype(f32), mn.astype(f32)

@@ -79,9 +79,7 @@ def _quantize_row(x, spec):
   qmax = spec.max if isinstance(spec, FP8Spec) else spec.qmax
   over_all = lambda f, y: f(f(y, axis=0, keepdims=True), axis=1, keepdims=True)  # [1, 1]
   if isinstance(spec, KIVISpec):  # asymmetric: `quant.compute_scale`'s min / span
-    mn = flush_lib.round_down(over_all(jnp.min, x), sd)
-    span = over_all(jnp.max, x) - mn.astype(jnp.float32)
-    s = jnp.where(span > 0, flush_lib.step_for(span, qmax, sd), jnp.ones_like(span, sd))
+    s, mn = flush_lib.kivi_scale(over_all(jnp.min, x), over_all(jnp.max, x), qmax, sd)
     c = jnp.clip(flush_lib.div_round(x - mn.astype(jnp.float32), s.astype(jnp.float32)), 0, qmax)
     return c.astype(jnp.int32), s, mn
   amax = over_all(jnp.max, jnp.abs(x))
