@@ -38,8 +38,9 @@ INTERPRETED = ("offset", "exact", "lean", "folded_mask", "folded_lazy_mask", "de
 
 
 def test_interpreted_presets_cover_every_option():
+  # balanced splits differ from the reference's fixed ones per split: their own merged test below
   for field in dataclasses.fields(mk.Options):
-    seen = {getattr(mk.VARIANTS[v], field.name) for v in INTERPRETED}
+    seen = {getattr(mk.VARIANTS[v], field.name) for v in INTERPRETED + ("dequant_mask_s16_bal",)}
     assert len(seen) >= 2, field.name
 
 
@@ -86,6 +87,34 @@ def test_stopping_at_the_lengths_changes_no_bit():
                 for v in ("dequant_mask_s16", "dequant_mask_s16_stop"))
   for a, b in zip(full, stop, strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _merged(o, m, l):
+  """Split states [B, K, NS, H, 16] / [B, K, NS, 16] -> attention [B, K, H, 16] (0 where nothing seen)."""
+  o, m, l = (np.asarray(x, np.float64) for x in (o, m, l))
+  w = np.exp2(m - m.max(axis=2, keepdims=True))
+  den = (l * w).sum(axis=2)
+  return (o * w[:, :, :, None, :]).sum(axis=2) / np.where(den > 0, den, 1.0)[:, :, None, :]
+
+
+def test_balanced_splits_share_the_live_tiles():
+  """`Options.balance`: the splits share the tiles below each length (split s of 4 over a 1-tile length
+  has tile s only if s == 0; over 3 tiles, tiles s), so the per-split states differ from the fixed
+  slices but merge to the same attention; splits with no tile saw nothing (l = 0, o = 0)."""
+  lengths = (384, 129, 0, 1, 512, 200)
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
+  args = (q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
+  o, m, l = map(np.asarray, mk.kivi2_states(*args, num_splits=4, interpret=True, variant="dequant_mask_s16_bal"))
+  ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=4)
+  assert test_base.relative_error(_merged(o, m, l), _merged(*ref)) < 2e-3
+  # with c = ceil(live tiles / 4) tiles a split, split s holds a token iff s c < live tiles
+  live = -(-np.asarray(lengths) // mk.TILE)
+  share = -(-live // 4)
+  holds = np.arange(4)[None, :] * share[:, None] < live[:, None]
+  np.testing.assert_array_equal((l > 0).any(-1).all(1), holds)
+  assert np.abs(o[~(l > 0)[:, :, :, None, :].repeat(128, 3)]).max(initial=0.0) == 0.0
+  with pytest.raises(ValueError, match="balance needs stop_at_length"):
+    mk.Options(balance=True)
 
 
 @pytest.mark.parametrize("variant", ["folded", "lean", "dequant_mask"])

@@ -120,6 +120,9 @@ class Options:
     probabilities' commit) rather than per plane where each A operand is built.
   stop_at_length: each split's pipeline runs over the steps holding tokens below the sequence's length
     only (a dynamic grid; none for a split past it), else over the whole capacity, masked.
+  balance: with `stop_at_length`, the splits share the steps below the length evenly (split s takes
+    steps [s c, (s + 1) c), c = ceil(live steps / splits)), so a long cache holding few tokens still
+    spreads them over every split; else split s keeps its fixed slice of the capacity.
   """
   exact: bool = True
   zero_mma: bool = False
@@ -133,6 +136,7 @@ class Options:
   approx_math: bool = True
   scales_once: bool = False
   stop_at_length: bool = False
+  balance: bool = False
 
   def __post_init__(self):
     if self.zero_mma and not self.exact:
@@ -149,6 +153,8 @@ class Options:
       raise ValueError("unpack='mask' needs exact planes")
     if self.scales_once and not self.dequant_in_a:
       raise ValueError("scales_once needs dequant_in_a (the other presets read scales once per tile)")
+    if self.balance and not self.stop_at_length:
+      raise ValueError("balance needs stop_at_length (the splits share the steps below the length)")
     if self.lag is not None and not 0 <= self.lag <= 8:
       raise ValueError(f"lag must be None or 0..8 WGMMA groups in flight, got {self.lag}")
 
@@ -176,6 +182,8 @@ VARIANTS = {
     "dequant_mask_s16_lag2": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True, lag=2),
     "dequant_mask_s16_stop": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                      stop_at_length=True),
+    "dequant_mask_s16_bal": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
+                                    stop_at_length=True, balance=True),
 }
 
 
@@ -263,10 +271,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
   once = opt.scales_once and ks.dtype != jnp.float16
 
-  def dequant_step(length, pt_smem, q16_smem, s16):
+  def dequant_step(length, first, pt_smem, q16_smem, s16):
     """The step of `dequant_in_a` over `tiles_per_step` tiles: codes * scale + zero in the A registers,
     against the fp16 query (stored once) and the fp16 probabilities: one shared-memory store and one
-    commit per step (two with `once`: the scales converted to fp16 in s16 first)."""
+    commit per step (two with `once`: the scales converted to fp16 in s16 first). first: the split's
+    first step (in steps of `tiles_per_step` tiles)."""
     nt = opt.tiles_per_step
     rows = lambda ref, j, size: ref.at[pl.ds(size * j, size)]
 
@@ -283,7 +292,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                    plane_pairs(plgpu.load(rows(kc_s, j, TILE), layout=plgpu.Layout.WGMMA), q16_smem,
                                rows(kz_s, j, h), rows(ks_s, j, h))) for j in range(nt)]
       with jax.named_scope("softmax"):
-        ps, m_new, alpha = softmax(scs, (lax.axis_index("s") * per // nt + idx[0]) * nt, m_prev, length)
+        ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length)
       with jax.named_scope("vprep"):
         for j, p in enumerate(ps):
           rows(pt_smem, j, TILE)[...] = p.astype(jnp.float16)
@@ -337,7 +346,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         sc = mma(jnp.zeros((TILE, ROWS), jnp.float32),
                  extra + plane_pairs(words, qs_smem, zsk_smem if opt.fold_zeros else None)) + ck
       with jax.named_scope("softmax"):
-        (p,), m_new, alpha = softmax([sc], si * per + t, m_prev, length)
+        (p,), m_new, alpha = softmax([sc], first + t, m_prev, length)
       with jax.named_scope("vprep"):
         vsc, vzr = vs_s[...].astype(jnp.float32), vz_s[...].astype(jnp.float32)  # [TILE]
         pt16 = (p * vsc[:, None]).astype(jnp.float16)
@@ -363,20 +372,23 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     init = (jnp.zeros((h, ROWS), jnp.float32), jnp.full((ROWS,), NEG, jnp.float32),
             jnp.zeros(acc_shape, jnp.float32), jnp.zeros(cv_shape, jnp.float32))
     nt = opt.tiles_per_step
-    tile_of = lambda t: si * (per // nt) + t  # in blocks of nt tiles
-    steps = per // nt
-    if opt.stop_at_length:  # steps of this split holding a token below the length (0 past it)
-      live = lax.div(length + (nt * TILE - 1), nt * TILE)
-      steps = jnp.clip(live - si * steps, 0, steps)
+    steps = per // nt  # steps of nt tiles per split
+    first = si * steps  # this split's first step
+    if opt.stop_at_length:  # only steps holding a token below the length (none past it)
+      live = jnp.minimum(lax.div(length + (nt * TILE - 1), nt * TILE), num_splits * steps)
+      if opt.balance:  # the live steps shared evenly
+        steps = lax.div(live + (num_splits - 1), num_splits)
+        first = si * steps
+      steps = jnp.clip(live - first, 0, steps)
     pipe = plgpu.emit_pipeline(
-        dequant_step(length, pt_smem, q16_smem, s16) if opt.dequant_in_a else step, grid=(steps,),
+        dequant_step(length, first, pt_smem, q16_smem, s16) if opt.dequant_in_a else step, grid=(steps,),
         max_concurrent_steps=stages, init_carry=init,
-        in_specs=[plgpu.BlockSpec((nt * TILE, 16), lambda t: (tile_of(t), 0), transforms=code_tiles),
-                  plgpu.BlockSpec((nt * h, 16), lambda t: (tile_of(t), 0), transforms=code_tiles),
-                  plgpu.BlockSpec((nt * h,), lambda t: (tile_of(t),)),
-                  plgpu.BlockSpec((nt * h,), lambda t: (tile_of(t),)),
-                  plgpu.BlockSpec((nt * TILE,), lambda t: (tile_of(t),)),
-                  plgpu.BlockSpec((nt * TILE,), lambda t: (tile_of(t),))])
+        in_specs=[plgpu.BlockSpec((nt * TILE, 16), lambda t: (first + t, 0), transforms=code_tiles),
+                  plgpu.BlockSpec((nt * h, 16), lambda t: (first + t, 0), transforms=code_tiles),
+                  plgpu.BlockSpec((nt * h,), lambda t: (first + t,)),
+                  plgpu.BlockSpec((nt * h,), lambda t: (first + t,)),
+                  plgpu.BlockSpec((nt * TILE,), lambda t: (first + t,)),
+                  plgpu.BlockSpec((nt * TILE,), lambda t: (first + t,))])
     o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
                            vs_g.at[bi, ki], vz_g.at[bi, ki])
     if opt.lazy_sums:
