@@ -89,14 +89,6 @@ def test_stopping_at_the_lengths_changes_no_bit():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _merged(o, m, l):
-  """Split states [B, K, NS, H, 16] / [B, K, NS, 16] -> attention [B, K, H, 16] (0 where nothing seen)."""
-  o, m, l = (np.asarray(x, np.float64) for x in (o, m, l))
-  w = np.exp2(m - m.max(axis=2, keepdims=True))
-  den = (l * w).sum(axis=2)
-  return (o * w[:, :, :, None, :]).sum(axis=2) / np.where(den > 0, den, 1.0)[:, :, None, :]
-
-
 def test_balanced_splits_share_the_live_tiles():
   """`Options.balance`: the splits share the tiles below each length (split s of 4 over a 1-tile length
   has tile s only if s == 0; over 3 tiles, tiles s), so the per-split states differ from the fixed
@@ -106,7 +98,7 @@ def test_balanced_splits_share_the_live_tiles():
   args = (q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
   o, m, l = map(np.asarray, mk.kivi2_states(*args, num_splits=4, interpret=True, variant="dequant_mask_s16_bal"))
   ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=4)
-  assert test_base.relative_error(_merged(o, m, l), _merged(*ref)) < 2e-3
+  assert test_base.relative_error(mk.merged(o, m, l), mk.merged(*ref)) < 2e-3
   # with c = ceil(live tiles / 4) tiles a split, split s holds a token iff s c < live tiles
   live = -(-np.asarray(lengths) // mk.TILE)
   share = -(-live // 4)

@@ -41,7 +41,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kvjax import packing
 
-__all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
+__all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states",
+           "merged"]
 
 TILE = 128    # tokens per pipeline step = the key group
 ROWS = 16     # query rows (N of WGMMA), padded
@@ -437,3 +438,12 @@ def reference_states(q_t, lengths, k_codes, ks, kz, v_codes, vs, vz, *, num_spli
   p = jnp.where(ok.reshape(b, 1, num_splits, -1, 1), jnp.exp2(sc - m[:, :, :, None]), 0.0)
   o = jnp.einsum("bkjsh,bkjsn->bkjhn", vf.reshape(b, kh, num_splits, s // num_splits, h), p)
   return o, m, jnp.sum(p, axis=3)
+
+
+def merged(o_t, m, l):
+  """The attention split states merge to: o_t [B, K, NS, H, 16], m / l [B, K, NS, 16] (log2 domain) ->
+  [B, K, H, 16] f32, 0 where no split saw a token. Compares states whose splits cover different tokens
+  (`Options.balance`) with `reference_states`."""
+  w = jnp.exp2(m - jnp.max(m, axis=2, keepdims=True))
+  den = jnp.sum(l * w, axis=2)
+  return jnp.sum(o_t * w[:, :, :, None, :], axis=2) / jnp.where(den > 0, den, 1.0)[:, :, None, :]
