@@ -31,7 +31,11 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # dequant_mask 27.9 us at 32 splits. Those caches had fp16 scales; a kvjax cache holds bf16, where
 # dequant_mask takes 148.6 us and dequant_mask_s16 (converted once per tile) 131.8 (session 14,
 # decode_parts/mosaic_s14a.json; lag 2 / 4: 170.1 / 167.5; 16 splits 132.7; 3 stages 143.7).
-DEFAULT_VARIANT = "dequant_mask_s16"
+# Session 15 (decode_parts/mosaic_s15a*.json, B=8 32k, 8 splits): stopping at the lengths with the splits
+# sharing the live tiles (dequant_mask_s16_bal) costs 133.3 us on a full cache against 132.2 walking the
+# whole capacity, and holding 1k / 8k tokens of a 32k capacity takes 15.1 / 43.6 us against 132.5 / 133.3
+# (stopping without sharing: 34.5 / 108.2).
+DEFAULT_VARIANT = "dequant_mask_s16_bal"
 TARGET_PROGRAMS = 512  # B=8 x 8 KV heads x 8 splits: the best of 4 / 8 at 32k; 1 x 8 x 32 at B=1
 MAX_SPLITS = 32        # the most timed
 
