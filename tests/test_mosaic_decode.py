@@ -53,6 +53,31 @@ def test_matches_the_library_reference(lengths, appends, splits, layout, via_ops
   np.testing.assert_array_equal(np.asarray(out)[~visible], 0.0)
 
 
+INTERPRET = jax.default_backend() != "gpu"  # natively on a GPU (benchmarks/runs/session15_b.sh)
+
+
+@pytest.mark.parametrize("lengths,appends,t", [
+    ((300, 0, 1, 128), 0, 1),  # a window of fewer than 128 tokens; empty; one token; exactly 128
+    ((127, 385, 509), 1, 1),   # the window straddles a quantized key group (slots from both sources)
+    ((300, 2), 0, 4),          # 4 query tokens, causal among them; a sequence shorter than the queries
+])
+def test_window_in_the_kernel(lengths, appends, t):
+  """window="kernel": the residual window as program NS of the Mosaic kernel (keys straight from global
+  memory into the A registers, values through shared memory as a transposed A, bf16 probabilities)
+  == the library reference, and == the Pallas window kernel's result."""
+  c = _cache(lengths, appends=appends, layout="words")
+  q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, t, 128)), jnp.bfloat16)
+  out = np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, window="kernel"), np.float32)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
+  visible = np.broadcast_to((np.asarray(c.lengths)[:, None] - t + np.arange(t) >= 0)[:, None, :, None], out.shape)
+  assert test_base.relative_error(out[visible], ref[visible]) < 5e-3  # bf16 output; interpreted 1.5-2.2e-4 in f32
+  np.testing.assert_array_equal(out[~visible], 0.0)
+  other = np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, window="xla"), np.float32)
+  assert test_base.relative_error(out[visible], other[visible]) < 5e-3
+  with pytest.raises(ValueError, match="window must be one of"):
+    md.decode_attention(q, c, window="triton")
+
+
 def test_refuses_what_it_does_not_take():
   c = _cache((10,), capacity=256)
   q = jnp.zeros((1, 4, 5, 128))  # 4 heads x 5 tokens: 20 rows

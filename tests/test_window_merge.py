@@ -132,9 +132,9 @@ def test_decode_uses_it_unless_told_and_agrees_with_the_xla_window(monkeypatch, 
       q_t, ln, mk.unpack_keys(kc), ks, kz, _unpack_values(vc), vs, vz, num_splits=num_splits))
   fused = md.decode_attention(q, c, num_splits=2, interpret=True)
   assert calls == [1]
-  xla = md.decode_attention(q, c, num_splits=2, interpret=True, fused_window=False)
+  xla = md.decode_attention(q, c, num_splits=2, interpret=True, window="xla")
   via_ops = ops.decode_attention(q, c, num_splits=2, interpret=True, pallas_merge=False)  # the XLA merge
-  assert calls == [1]  # (each a new trace: fused_window is a static argument)
+  assert calls == [1]  # (each a new trace: window is a static argument)
   np.testing.assert_array_equal(np.asarray(via_ops), np.asarray(xla))
   assert test_base.relative_error(np.asarray(fused), np.asarray(xla)) < 1e-5
   lib = np.asarray(attention.decode_attention(q, c))

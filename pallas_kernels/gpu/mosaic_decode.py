@@ -24,7 +24,8 @@ from kvjax import quant
 from kvjax.formats import KIVISpec
 from pallas_kernels.gpu import decode, mosaic_kivi as mk, window_merge
 
-__all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT"]
+__all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT",
+           "WINDOWS", "DEFAULT_WINDOW"]
 
 # Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
 # 8 splits (144.2 at 4), folded_lazy (session 11's default) 185.0 / 190.9, dequant2 136.3 at 4; B=1 32k
@@ -36,6 +37,8 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # whole capacity, and holding 1k / 8k tokens of a 32k capacity takes 15.1 / 43.6 us against 132.5 / 133.3
 # (stopping without sharing: 34.5 / 108.2).
 DEFAULT_VARIANT = "dequant_mask_s16_bal"
+WINDOWS = ("pallas", "kernel", "xla")
+DEFAULT_WINDOW = "pallas"
 TARGET_PROGRAMS = 512  # B=8 x 8 KV heads x 8 splits: the best of 4 / 8 at 32k; 1 x 8 x 32 at B=1
 MAX_SPLITS = 32        # the most timed
 
@@ -117,13 +120,17 @@ def window_states(q, cache, kc, ks, kz, num_queries: int = 1):
 
 def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
                      variant: str | mk.Options = DEFAULT_VARIANT, interpret: bool = False,
-                     fused_window: bool = True):
+                     window: str = DEFAULT_WINDOW):
   """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 cache: T query tokens at positions
   L - T + t (the last T cached; causal among them), N / K x T <= 16 rows per KV head.
-  num_splits: None picks `default_splits`. fused_window: the window and the merge in one Pallas kernel
-  (`window_merge`); False: in XLA (`window_states` + `decode.combine`)."""
+  num_splits: None picks `default_splits`. window (`WINDOWS`), where the residual window's state is
+  computed and the states merged: "pallas", the window and the merge in one Pallas kernel
+  (`window_merge`); "kernel", the window as one more program of the Mosaic kernel, merged in XLA
+  (`decode.combine`); "xla", the window and the merge in XLA (`window_states`)."""
   if (why := supports(cache)) is not None:
     raise ValueError(f"cache: {why}")
+  if window not in WINDOWS:
+    raise ValueError(f"window must be one of {WINDOWS}, got {window!r}")
   kh = cache.num_kv_heads
   if q.ndim != 4 or q.shape[1] % kh or q.shape[1] // kh * q.shape[2] > mk.ROWS or q.shape[3] != cache.head_dim:
     raise ValueError(f"q must be [B, N, T, {cache.head_dim}] with N a multiple of the {kh} KV heads and "
@@ -134,23 +141,27 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
     num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
-                 interpret=interpret, fused_window=fused_window)
+                 interpret=interpret, window=window)
 
 
 # A jit of its own: a model calls this once per layer, and nested jits of one signature are traced and
 # lowered once (Mosaic GPU's lowering takes ~2 s a call on a CPU core: 32 layers unrolled took longer
 # than the 120 s a session-12 throughput row allowed).
-@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "fused_window"))
-def _decode(q, cache, scale, *, num_splits, variant, interpret, fused_window):
+@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window"))
+def _decode(q, cache, scale, *, num_splits, variant, interpret, window):
   b, n, t, h = q.shape
   kh = cache.num_kv_heads
   rep = n // kh * t  # query rows per KV head: head-major, then token
   qs = q.astype(jnp.float32).reshape(b, kh, rep, h) * scale  # [B, K, rep, H]
   kc, ks, kz, vc, vs, vz = repack(cache)
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
+  in_kernel = (cache.lengths, cache.k_res, cache.v_res, t) if window == "kernel" else None
   o_t, m, l = mk.kivi2_states(q_t, jnp.maximum(cache.lengths - cache.fmt.residual, 0), kc, ks, kz, vc, vs, vz,
-                              num_splits=num_splits, variant=variant, interpret=interpret)
-  if fused_window:
+                              num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel)
+  if window == "kernel":  # NS + 1 states, the window's last
+    out = decode.combine(o_t.swapaxes(-1, -2), m, l, rep)
+    return out.reshape(b, n, t, h).astype(q.dtype)
+  if window == "pallas":
     out = window_merge.window_merge(q_t, cache.lengths, kc, ks, kz, cache.k_res, cache.v_res, o_t, m, l,
                                     q.dtype, num_queries=t, interpret=interpret)[:, :, :rep]
     return out.reshape(b, n, t, h)

@@ -191,7 +191,7 @@ VARIANTS = {
 
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
                  stages: int = 2, variant: str | Options = "folded_lazy", profile_dir: str = "",
-                 profile_space: int = 0):
+                 profile_space: int = 0, window=None):
   """Per-split flash-decoding states of KIVI-2 (G=128) attention.
 
   q_t [B, K, H, 16] f32 (queries transposed, scaled by softmax scale x log2 e, rows padded to 16);
@@ -201,6 +201,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
   variant: a name in VARIANTS or an `Options`. profile_dir / profile_space: Mosaic GPU's in-kernel
   profiler (a trace per call under profile_dir; regions kprep, kmma, softmax, vprep, vmma).
+  window: None, or (full lengths [B] int32, k_res, v_res [B, K, 128, H] bf16 / fp16, T) for a cache's
+  residual window as one more split state (index NS of the outputs, which then hold NS + 1): program
+  (b, k, NS) scores the window's 128 ring slots (`window_merge`'s slot rule) against the T query tokens
+  of the rows, causally, while the others walk the quantized tiles; `lengths` is then max(L - 128, 0).
+  Needs a `dequant_in_a` variant.
   """
   b, kh, h, n = q_t.shape
   s = kc.shape[2]
@@ -219,6 +224,17 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   for name, arr in zip(expect, (kc, ks, kz, vc, vs, vz)):
     if arr.shape != expect[name]:
       raise ValueError(f"{name} must be {expect[name]}, got {arr.shape}")
+  if window is not None:
+    w_len, k_res, v_res, w_queries = window
+    if not opt.dequant_in_a:
+      raise ValueError(f"window needs a dequant_in_a variant, got {variant!r}")
+    if k_res.shape != (b, kh, TILE, h) or v_res.shape != k_res.shape or w_len.shape != (b,):
+      raise ValueError(f"window: k_res and v_res must be {(b, kh, TILE, h)} and lengths [{b}], got "
+                       f"{k_res.shape}, {v_res.shape}, {w_len.shape}")
+    if v_res.dtype not in (jnp.bfloat16, jnp.float16):
+      raise ValueError(f"window: v_res must be bfloat16 or float16 (a WGMMA operand), got {v_res.dtype}")
+    if not 1 <= w_queries <= ROWS:
+      raise ValueError(f"window: the query tokens T must be in [1, {ROWS}], got {w_queries}")
   per = s // TILE // num_splits
   swz = plgpu.find_swizzle(ROWS * 16, "rhs")
   b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
@@ -230,7 +246,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     WGMMA: jnp.dot there, same arithmetic)."""
     if interpret:
       for a, b_ref in pairs:
-        init = init + jnp.dot(a().astype(jnp.float32), b_ref[...].astype(jnp.float32))
+        x = a()
+        x = x if isinstance(x, jax.Array) else x[...]  # a (transposed) SMEM ref as A
+        init = init + jnp.dot(x.astype(jnp.float32), b_ref[...].astype(jnp.float32))
       return init
 
     def scope(acc):
@@ -313,8 +331,63 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       return o, m_new, l_new, cv
     return step
 
-  def body(q_g, len_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, o_g, m_g, l_g, qs_smem, pt_smem, q_smem, q16_smem,
-           zsk_smem, zsv_smem, s16, bar):
+  def window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q16_smem, bar):
+    """The residual window's state (o [H, N], m, l [N]): ring slot i < L % 128 holds token Lq + i (key
+    `k_res[i]`), slot i >= L % 128 token Lq - 128 + i (key row i of the quantized tile Lq / 128 - 1;
+    present iff Lq >= 128), value `v_res[i]` either way (`window_merge`'s rule). The keys reach the A
+    registers straight from global memory; the values, the transposed A of the second product, pass
+    through shared memory in two halves of 64 slots (scoped: the quantized tiles' buffers are free)."""
+    length = lw_g[bi]
+    rem = length % TILE
+    lq = length - rem
+    tile = jnp.maximum(lq // TILE - 1, 0)
+    slot = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
+    from_res = slot < rem
+    token = jnp.where(from_res, lq + slot, lq - TILE + slot)
+    qpos = length - w_queries + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 1) % w_queries
+    visible = (from_res | (lq >= TILE)) & (token <= qpos)
+    gload = lambda ref, layout: plgpu.load(ref, layout=layout, optimized=False)
+    with jax.named_scope("wkeys"):
+      words = gload(kc_g.at[bi, ki, pl.ds(tile * TILE, TILE)], plgpu.Layout.WGMMA)
+      hi = lax.shift_right_logical(words, jnp.uint16(10))
+      gcol = lambda ref, m: jnp.broadcast_to(
+          gload(ref.at[bi, ki, pl.ds(tile * h + 16 * m, 16)], plgpu.Layout.WGMMA.reduce(0)).astype(
+              jnp.float16)[None, :], (TILE, 16))
+
+      def a(m):
+        kr = gload(kres_g.at[bi, ki, :, pl.ds(16 * m, 16)], plgpu.Layout.WGMMA).astype(jnp.float16)
+        return jnp.where(from_res, kr, _plane_masked(words, hi, m) * gcol(ks_g, m) + gcol(kz_g, m))
+      sc = mma(jnp.zeros((TILE, ROWS), jnp.float32),
+               [(functools.partial(a, m), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)])
+    sc = jnp.where(visible, sc, NEG)
+    m_w = jnp.max(sc, axis=0)
+    p = jnp.where(visible, jnp.exp2(sc - m_w[None, :]), 0.0)
+    half = TILE // 2
+
+    def values(vbuf, pw_smem):
+      pw_smem[...] = p.astype(pw_smem.dtype)
+      plgpu.commit_smem()
+      o = jnp.zeros((h, ROWS), jnp.float32)
+      for part in range(2):
+        plgpu.copy_gmem_to_smem(vres_g.at[bi, ki, pl.ds(part * half, half)], vbuf, bar)
+        plgpu.barrier_wait(bar)
+        vt = lambda j: (vbuf[pl.ds(16 * j, 16), :].T if interpret  # [H, 16 slots]
+                        else vbuf.at[pl.ds(16 * j, 16), :].transpose((1, 0)))
+        o = mma(o, [(functools.partial(vt, j), pw_smem.at[pl.ds(part * half + 16 * j, 16)])
+                    for j in range(half // 16)])
+      return o
+    with jax.named_scope("wvalues"):
+      o = pl.run_scoped(values, plgpu.SMEM((half, h), v_res.dtype, transforms=code_tiles),
+                        plgpu.SMEM((TILE, ROWS), v_res.dtype, transforms=b_tiles))
+    return o, m_w, jnp.sum(p, axis=0)
+
+  def body(*refs):
+    if window is None:
+      (q_g, len_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, o_g, m_g, l_g, qs_smem, pt_smem, q_smem, q16_smem,
+       zsk_smem, zsv_smem, s16, bar) = refs
+    else:
+      (q_g, len_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, lw_g, kres_g, vres_g, o_g, m_g, l_g, qs_smem, pt_smem,
+       q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar) = refs
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
     plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
     plgpu.barrier_wait(bar)
@@ -391,24 +464,38 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                   plgpu.BlockSpec((nt * h,), lambda t: (first + t,)),
                   plgpu.BlockSpec((nt * TILE,), lambda t: (first + t,)),
                   plgpu.BlockSpec((nt * TILE,), lambda t: (first + t,))])
-    o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
-                           vs_g.at[bi, ki], vz_g.at[bi, ki])
-    if opt.lazy_sums:
-      l_f = jnp.sum(l_f, axis=0)
-      if not (opt.fold_zeros or opt.dequant_in_a):
-        cv = jnp.sum(cv, axis=0)
-    o_g[bi, ki, si] = o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :]
-    m_g[bi, ki, si] = m_f
-    l_g[bi, ki, si] = l_f
+    def tiles():
+      o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
+                             vs_g.at[bi, ki], vz_g.at[bi, ki])
+      if opt.lazy_sums:
+        l_f = jnp.sum(l_f, axis=0)
+        if not (opt.fold_zeros or opt.dequant_in_a):
+          cv = jnp.sum(cv, axis=0)
+      o_g[bi, ki, si] = o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :]
+      m_g[bi, ki, si] = m_f
+      l_g[bi, ki, si] = l_f
 
+    if window is None:
+      tiles()
+    else:
+      pl.when(si < num_splits)(tiles)
+
+      @pl.when(si == num_splits)
+      def _():
+        o, m_w, l_w = window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q16_smem, bar)
+        o_g[bi, ki, si] = o
+        m_g[bi, ki, si] = m_w
+        l_g[bi, ki, si] = l_w
+
+  n_states = num_splits + (window is not None)
   kw = {"interpret": plgpu.InterpretGPUParams()} if interpret else {}
   prof = dict(profile_space=profile_space, profile_dir=profile_dir) if profile_dir else {}
   f = plgpu.kernel(
       body,
-      out_type=(jax.ShapeDtypeStruct((b, kh, num_splits, h, ROWS), jnp.float32),
-                jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32),
-                jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32)),
-      grid=(b, kh, num_splits), grid_names=("b", "k", "s"),
+      out_type=(jax.ShapeDtypeStruct((b, kh, n_states, h, ROWS), jnp.float32),
+                jax.ShapeDtypeStruct((b, kh, n_states, ROWS), jnp.float32),
+                jax.ShapeDtypeStruct((b, kh, n_states, ROWS), jnp.float32)),
+      grid=(b, kh, n_states), grid_names=("b", "k", "s"),
       scratch_types=[plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((opt.tiles_per_step * TILE, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h, ROWS), jnp.float32),
@@ -420,8 +507,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                                            approx_math=opt.approx_math, **prof),
       kernel_name="kvjax_mosaic_kivi2", **kw)
   tiles = s // TILE
+  extra = () if window is None else (w_len, k_res, v_res)
   return f(q_t, lengths, kc, vc.reshape(b, kh, tiles * h, 16), ks.reshape(b, kh, tiles * h),
-           kz.reshape(b, kh, tiles * h), vs, vz)
+           kz.reshape(b, kh, tiles * h), vs, vz, *extra)
 
 
 @functools.partial(jax.jit, static_argnames="num_splits")

@@ -297,11 +297,11 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
                             num_warps=num_warps, num_stages=num_stages, interpret=interpret)
 
 
-def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, pallas_merge,
+def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, mosaic_window,
                       triton_options):
   """A "words" KIVI-2 cache through `mosaic_decode` (query heads per KV head x tokens <= 16,
   no soft-cap or sliding window); NotImplementedError otherwise, so `dispatch` falls back to XLA.
-  pallas_merge=False: the residual window and the split merge in XLA, else one Pallas kernel."""
+  mosaic_window: `mosaic_decode.decode_attention`'s window (where the residual window's state is made)."""
   if (why := mosaic_decode.supports(cache)) is not None:
     raise NotImplementedError(f"pallas_gpu: 'words' KIVI cache: {why}")
   set_opts = sorted(k for k, v in triton_options.items() if v is not None)
@@ -315,20 +315,22 @@ def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits
     raise NotImplementedError(f"pallas_gpu: the Mosaic KIVI-2 kernel takes at most {mosaic_kivi.ROWS} query "
                               f"rows (heads per KV head x tokens) per KV head, got q {q.shape}")
   return mosaic_decode.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits,
-                                        interpret=interpret, fused_window=pallas_merge is not False)
+                                        interpret=interpret, window=mosaic_window)
 
 
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
                      interpret=None, num_splits=None, block=None, num_warps=None,
                      num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None,
                      tile_loop=None, prefetch=None, packed_unpack=None, pallas_merge=None,
-                     fold_value_scales=None):
+                     fold_value_scales=None, mosaic_window=None):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`).
 
   pallas_merge: merge the per-split states with the one-kernel `merge.merge_states` or with XLA
   (`decode.combine`, the reference). None: on a GPU `merge_in_kernel`, else XLA. On a "words" KIVI-2
-  cache (the Mosaic kernel): None / True `window_merge` (window + merge in one kernel), False XLA."""
+  cache (the Mosaic kernel): None / True `window_merge` (window + merge in one kernel), False XLA.
+  mosaic_window: on a "words" KIVI-2 cache, where the residual window's state is computed
+  (`mosaic_decode.WINDOWS`; None: `mosaic_decode.DEFAULT_WINDOW`, or "xla" with pallas_merge=False)."""
   if window is not None and (int(window) != window or window < 1):
     raise ValueError(f"window must be a positive integer or None, got {window!r}")
   if cache.num_layers is not None:
@@ -343,11 +345,16 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   rep = n // kh
   rows = rep * t
   if cache.k.layout == "words":  # the Mosaic KIVI-2 kernel's code layout (cache.default_kivi_layout)
-    return _mosaic_attention(q, cache, sm_scale, logit_softcap, window, interpret, num_splits, pallas_merge,
+    if mosaic_window is None:
+      mosaic_window = "xla" if pallas_merge is False else mosaic_decode.DEFAULT_WINDOW
+    return _mosaic_attention(q, cache, sm_scale, logit_softcap, window, interpret, num_splits, mosaic_window,
                              dict(block=block, num_warps=num_warps, num_stages=num_stages, narrow_qk=narrow_qk,
                                   narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop,
                                   prefetch=prefetch, packed_unpack=packed_unpack,
                                   fold_value_scales=fold_value_scales))
+  if mosaic_window is not None:
+    raise NotImplementedError(f"pallas_gpu: mosaic_window={mosaic_window!r} applies to 'words' KIVI-2 caches "
+                              f"(the Mosaic kernel), not {cache.fmt}")
   if rows > MAX_ROWS:
     raise NotImplementedError(f"pallas_gpu: {rows} query rows per KV head > {MAX_ROWS}")
   if interpret and packed_unpack:
