@@ -49,6 +49,7 @@ TILE = 128    # tokens per pipeline step = the key group
 ROWS = 16     # query rows (N of WGMMA), padded
 PLANES = 8    # 2-bit codes per uint16 word
 NEG = -1e30
+WINDOW_LOAD_PLANES = 4  # key planes of the in-kernel window loaded from global memory per group
 
 
 def pack_keys(codes):
@@ -335,8 +336,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     """The residual window's state (o [H, N], m, l [N]): ring slot i < L % 128 holds token Lq + i (key
     `k_res[i]`), slot i >= L % 128 token Lq - 128 + i (key row i of the quantized tile Lq / 128 - 1;
     present iff Lq >= 128), value `v_res[i]` either way (`window_merge`'s rule). The keys reach the A
-    registers straight from global memory; the values, the transposed A of the second product, pass
-    through shared memory in two halves of 64 slots (scoped: the quantized tiles' buffers are free)."""
+    registers straight from global memory, loaded `WINDOW_LOAD_PLANES` planes at a time before their
+    dots (one memory latency per group, not per plane); the values, the transposed A of the second
+    product, pass through shared memory in two halves of 64 slots (scoped: the quantized tiles' buffers
+    are free here), the first half's copy issued before the keys are loaded."""
     length = lw_g[bi]
     rem = length % TILE
     lq = length - rem
@@ -347,39 +350,44 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     qpos = length - w_queries + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 1) % w_queries
     visible = (from_res | (lq >= TILE)) & (token <= qpos)
     gload = lambda ref, layout: plgpu.load(ref, layout=layout, optimized=False)
-    with jax.named_scope("wkeys"):
-      words = gload(kc_g.at[bi, ki, pl.ds(tile * TILE, TILE)], plgpu.Layout.WGMMA)
-      hi = lax.shift_right_logical(words, jnp.uint16(10))
-      gcol = lambda ref, m: jnp.broadcast_to(
-          gload(ref.at[bi, ki, pl.ds(tile * h + 16 * m, 16)], plgpu.Layout.WGMMA.reduce(0)).astype(
-              jnp.float16)[None, :], (TILE, 16))
-
-      def a(m):
-        kr = gload(kres_g.at[bi, ki, :, pl.ds(16 * m, 16)], plgpu.Layout.WGMMA).astype(jnp.float16)
-        return jnp.where(from_res, kr, _plane_masked(words, hi, m) * gcol(ks_g, m) + gcol(kz_g, m))
-      sc = mma(jnp.zeros((TILE, ROWS), jnp.float32),
-               [(functools.partial(a, m), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)])
-    sc = jnp.where(visible, sc, NEG)
-    m_w = jnp.max(sc, axis=0)
-    p = jnp.where(visible, jnp.exp2(sc - m_w[None, :]), 0.0)
     half = TILE // 2
+    copy_half = lambda part, vbuf: plgpu.copy_gmem_to_smem(vres_g.at[bi, ki, pl.ds(part * half, half)], vbuf, bar)
 
-    def values(vbuf, pw_smem):
-      pw_smem[...] = p.astype(pw_smem.dtype)
-      plgpu.commit_smem()
-      o = jnp.zeros((h, ROWS), jnp.float32)
-      for part in range(2):
-        plgpu.copy_gmem_to_smem(vres_g.at[bi, ki, pl.ds(part * half, half)], vbuf, bar)
-        plgpu.barrier_wait(bar)
-        vt = lambda j: (vbuf[pl.ds(16 * j, 16), :].T if interpret  # [H, 16 slots]
-                        else vbuf.at[pl.ds(16 * j, 16), :].transpose((1, 0)))
-        o = mma(o, [(functools.partial(vt, j), pw_smem.at[pl.ds(part * half + 16 * j, 16)])
-                    for j in range(half // 16)])
-      return o
-    with jax.named_scope("wvalues"):
-      o = pl.run_scoped(values, plgpu.SMEM((half, h), v_res.dtype, transforms=code_tiles),
-                        plgpu.SMEM((TILE, ROWS), v_res.dtype, transforms=b_tiles))
-    return o, m_w, jnp.sum(p, axis=0)
+    def run(vbuf, pw_smem):
+      copy_half(0, vbuf)
+      with jax.named_scope("wkeys"):
+        words = gload(kc_g.at[bi, ki, pl.ds(tile * TILE, TILE)], plgpu.Layout.WGMMA)
+        hi = lax.shift_right_logical(words, jnp.uint16(10))
+        gcol = lambda ref, m: gload(ref.at[bi, ki, pl.ds(tile * h + 16 * m, 16)], plgpu.Layout.WGMMA.reduce(0))
+        sc = jnp.zeros((TILE, ROWS), jnp.float32)
+        for g in range(0, PLANES, WINDOW_LOAD_PLANES):
+          group = range(g, g + WINDOW_LOAD_PLANES)
+          loads = {m: (gload(kres_g.at[bi, ki, :, pl.ds(16 * m, 16)], plgpu.Layout.WGMMA), gcol(ks_g, m),
+                       gcol(kz_g, m)) for m in group}  # every load of the group before its first use
+
+          def a(m):
+            kr, s_m, z_m = loads[m]
+            bc = lambda v: jnp.broadcast_to(v.astype(jnp.float16)[None, :], (TILE, 16))
+            return jnp.where(from_res, kr.astype(jnp.float16), _plane_masked(words, hi, m) * bc(s_m) + bc(z_m))
+          sc = mma(sc, [(functools.partial(a, m), q16_smem.at[pl.ds(16 * m, 16)]) for m in group])
+      sc = jnp.where(visible, sc, NEG)
+      m_w = jnp.max(sc, axis=0)
+      p = jnp.where(visible, jnp.exp2(sc - m_w[None, :]), 0.0)
+      with jax.named_scope("wvalues"):
+        pw_smem[...] = p.astype(pw_smem.dtype)
+        plgpu.commit_smem()
+        o = jnp.zeros((h, ROWS), jnp.float32)
+        for part in range(2):
+          if part:
+            copy_half(part, vbuf)
+          plgpu.barrier_wait(bar)
+          vt = lambda j: (vbuf[pl.ds(16 * j, 16), :].T if interpret  # [H, 16 slots]
+                          else vbuf.at[pl.ds(16 * j, 16), :].transpose((1, 0)))
+          o = mma(o, [(functools.partial(vt, j), pw_smem.at[pl.ds(part * half + 16 * j, 16)])
+                      for j in range(half // 16)])
+      return o, m_w, jnp.sum(p, axis=0)
+    return pl.run_scoped(run, plgpu.SMEM((half, h), v_res.dtype, transforms=code_tiles),
+                         plgpu.SMEM((TILE, ROWS), v_res.dtype, transforms=b_tiles))
 
   def body(*refs):
     if window is None:
