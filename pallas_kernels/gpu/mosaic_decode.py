@@ -158,7 +158,7 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window):
   in_kernel = (cache.lengths, cache.k_res, cache.v_res, t) if window == "kernel" else None
   o_t, m, l = mk.kivi2_states(q_t, jnp.maximum(cache.lengths - cache.fmt.residual, 0), kc, ks, kz, vc, vs, vz,
                               num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel)
-  if window == "kernel":  # NS + 1 states, the window's last
+  if window == "kernel":  # the window is in split 0's state
     out = decode.combine(o_t.swapaxes(-1, -2), m, l, rep)
     return out.reshape(b, n, t, h).astype(q.dtype)
   if window == "pallas":
