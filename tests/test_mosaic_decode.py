@@ -78,6 +78,15 @@ def test_window_in_the_kernel(lengths, appends, t):
     md.decode_attention(q, c, window="triton")
 
 
+def test_auto_window_takes_the_kernel_for_short_splits():
+  """The timed rule (session 15, H200): the kernel's window where a split holds <= 8 capacity tiles
+  (B=1 32k at 32 splits, 4k / 1k at any batch's default splits), window_merge for B=8 32k's 32 tiles."""
+  assert md.auto_window(256, 32) == md.auto_window(32, 8) == md.auto_window(8, 1) == "kernel"
+  assert md.auto_window(256, 8) == md.auto_window(32, 1) == "pallas"
+  assert md.DEFAULT_WINDOW == "auto"
+  assert md.auto_window(512 // 128, md.default_splits(2, 1, 4)) == "kernel"  # this file's test caches
+
+
 def test_refuses_what_it_does_not_take():
   c = _cache((10,), capacity=256)
   q = jnp.zeros((1, 4, 5, 128))  # 4 heads x 5 tokens: 20 rows

@@ -25,7 +25,7 @@ from kvjax.formats import KIVISpec
 from pallas_kernels.gpu import decode, mosaic_kivi as mk, window_merge
 
 __all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT",
-           "WINDOWS", "DEFAULT_WINDOW"]
+           "WINDOWS", "DEFAULT_WINDOW", "auto_window"]
 
 # Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
 # 8 splits (144.2 at 4), folded_lazy (session 11's default) 185.0 / 190.9, dequant2 136.3 at 4; B=1 32k
@@ -37,8 +37,22 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # whole capacity, and holding 1k / 8k tokens of a 32k capacity takes 15.1 / 43.6 us against 132.5 / 133.3
 # (stopping without sharing: 34.5 / 108.2).
 DEFAULT_VARIANT = "dequant_mask_s16_bal"
-WINDOWS = ("pallas", "kernel", "xla")
-DEFAULT_WINDOW = "pallas"
+# Where the residual window's state is made (`decode_attention`'s window). Session 15 (H200, same run as
+# torch SDPA, decode_parts/decode_s15c_kivi.json, us: window_merge's Pallas kernel -> the window as one
+# more program of the Mosaic kernel): B=1 32k 40.9 -> 30.9, B=8 4k 41.3 -> 33.6, B=1 4k 25.2 -> 18.2,
+# B=8 1k 29.3 -> 20.9, B=1 1k 19.7 -> 13.2, B=64 1k 93.3 -> 57.0, B=64 4k 183.9 -> 168.9, but B=8 32k
+# 146.4 -> 171.5: with the window's code in it the kernel walks its long splits slower (not yet
+# understood; the extra programs are not it: folding the window into split 0 took 174.1). "auto" takes
+# the kernel's window where each split holds at most AUTO_KERNEL_WINDOW_TILES capacity tiles.
+WINDOWS = ("auto", "pallas", "kernel", "xla")
+DEFAULT_WINDOW = "auto"
+AUTO_KERNEL_WINDOW_TILES = 8
+
+
+def auto_window(tiles: int, num_splits: int) -> str:
+  """The window `decode_attention(window="auto")` takes over `tiles` 128-token capacity tiles in
+  `num_splits` splits: "kernel" for short splits (<= AUTO_KERNEL_WINDOW_TILES tiles), else "pallas"."""
+  return "kernel" if tiles <= AUTO_KERNEL_WINDOW_TILES * num_splits else "pallas"
 TARGET_PROGRAMS = 512  # B=8 x 8 KV heads x 8 splits: the best of 4 / 8 at 32k; 1 x 8 x 32 at B=1
 MAX_SPLITS = 32        # the most timed
 
@@ -124,7 +138,7 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 cache: T query tokens at positions
   L - T + t (the last T cached; causal among them), N / K x T <= 16 rows per KV head.
   num_splits: None picks `default_splits`. window (`WINDOWS`), where the residual window's state is
-  computed and the states merged: "pallas", the window and the merge in one Pallas kernel
+  computed and the states merged: "auto" (`auto_window`), "pallas", the window and the merge in one Pallas kernel
   (`window_merge`); "kernel", the window as one more program of the Mosaic kernel, merged in XLA
   (`decode.combine`); "xla", the window and the merge in XLA (`window_states`)."""
   if (why := supports(cache)) is not None:
@@ -139,6 +153,9 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   if num_splits is None:
     opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
     num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
+  if window == "auto":  # (the kernel's window needs a dequant_in_a variant)
+    opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
+    window = auto_window(cache.capacity // mk.TILE, num_splits) if opt.dequant_in_a else "pallas"
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
                  interpret=interpret, window=window)
@@ -158,7 +175,7 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window):
   in_kernel = (cache.lengths, cache.k_res, cache.v_res, t) if window == "kernel" else None
   o_t, m, l = mk.kivi2_states(q_t, jnp.maximum(cache.lengths - cache.fmt.residual, 0), kc, ks, kz, vc, vs, vz,
                               num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel)
-  if window == "kernel":  # the window is in split 0's state
+  if window == "kernel":  # NS + 1 states, the window's last
     out = decode.combine(o_t.swapaxes(-1, -2), m, l, rep)
     return out.reshape(b, n, t, h).astype(q.dtype)
   if window == "pallas":

@@ -203,11 +203,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   variant: a name in VARIANTS or an `Options`. profile_dir / profile_space: Mosaic GPU's in-kernel
   profiler (a trace per call under profile_dir; regions kprep, kmma, softmax, vprep, vmma).
   window: None, or (full lengths [B] int32, k_res, v_res [B, K, 128, H] bf16 / fp16, T) for a cache's
-  residual window, folded into split 0's state: program (b, k, 0) first scores the window's 128 ring
-  slots (`window_merge`'s slot rule) against the T query tokens of the rows, causally, and starts its
-  online softmax from that state; `lengths` is then max(L - 128, 0). Needs a `dequant_in_a` variant.
-  (Session 15 first ran the window as an extra program NS: at B=8 32k its 64 programs came after the
-  512 splits in the launch order, past the 528 resident slots, and the call took 172 us against 146.)
+  residual window as one more split state (index NS of the outputs, which then hold NS + 1): program
+  (b, k, NS) scores the window's 128 ring slots (`window_merge`'s slot rule) against the T query tokens
+  of the rows, causally, while the others walk the quantized tiles; `lengths` is then max(L - 128, 0).
+  Needs a `dequant_in_a` variant. (Session 15, H200: folding the window into split 0's starting state
+  instead was slower at every point timed, `decode_parts/decode_s15d_kivi.json`.)
   """
   b, kh, h, n = q_t.shape
   s = kc.shape[2]
@@ -396,7 +396,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
        zsk_smem, zsv_smem, s16, bar) = refs
     else:
       (q_g, len_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, lw_g, kres_g, vres_g, o_g, m_g, l_g, qs_smem, pt_smem,
-       q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar, wml_smem) = refs
+       q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar) = refs
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
     plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
     plgpu.barrier_wait(bar)
@@ -464,24 +464,6 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         steps = lax.div(live + (num_splits - 1), num_splits)
         first = si * steps
       steps = jnp.clip(live - first, 0, steps)
-    if window is not None:  # split 0 starts from the window's state, the others from nothing
-      @pl.when(si == 0)
-      def _():
-        o_w, m_w, l_w = window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q16_smem, bar)
-        q_smem[...] = o_w  # (the query's f32 staging buffer, free once q16_smem holds it)
-        wml_smem[0] = m_w
-        wml_smem[1] = l_w
-
-      @pl.when(si != 0)
-      def _():
-        q_smem[...] = jnp.zeros((h, ROWS), jnp.float32)
-        col = lambda v: plgpu.layout_cast(jnp.full((ROWS,), v, jnp.float32), plgpu.Layout.WGMMA.reduce(0))
-        wml_smem[0] = col(NEG)  # (a [16] splat has no store: cast to the logits' column layout)
-        wml_smem[1] = col(0.0)
-      plgpu.commit_smem()
-      first_row = lax.broadcasted_iota(jnp.int32, acc_shape, 0) == 0  # l: the lazy per-thread sums
-      init = (q_smem[...], wml_smem[0], jnp.where(first_row, wml_smem[1][None, :], 0.0), init[3])
-
     pipe = plgpu.emit_pipeline(
         dequant_step(length, first, pt_smem, q16_smem, s16) if opt.dequant_in_a else step, grid=(steps,),
         max_concurrent_steps=stages, init_carry=init,
@@ -491,17 +473,30 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                   plgpu.BlockSpec((nt * h,), lambda t: (first + t,)),
                   plgpu.BlockSpec((nt * TILE,), lambda t: (first + t,)),
                   plgpu.BlockSpec((nt * TILE,), lambda t: (first + t,))])
-    o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
-                           vs_g.at[bi, ki], vz_g.at[bi, ki])
-    if opt.lazy_sums:
-      l_f = jnp.sum(l_f, axis=0)
-      if not (opt.fold_zeros or opt.dequant_in_a):
-        cv = jnp.sum(cv, axis=0)
-    o_g[bi, ki, si] = o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :]
-    m_g[bi, ki, si] = m_f
-    l_g[bi, ki, si] = l_f
+    def tiles():
+      o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
+                             vs_g.at[bi, ki], vz_g.at[bi, ki])
+      if opt.lazy_sums:
+        l_f = jnp.sum(l_f, axis=0)
+        if not (opt.fold_zeros or opt.dequant_in_a):
+          cv = jnp.sum(cv, axis=0)
+      o_g[bi, ki, si] = o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :]
+      m_g[bi, ki, si] = m_f
+      l_g[bi, ki, si] = l_f
 
-  n_states = num_splits
+    if window is None:
+      tiles()
+    else:
+      pl.when(si < num_splits)(tiles)
+
+      @pl.when(si == num_splits)
+      def _():
+        o, m_w, l_w = window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q16_smem, bar)
+        o_g[bi, ki, si] = o
+        m_g[bi, ki, si] = m_w
+        l_g[bi, ki, si] = l_w
+
+  n_states = num_splits + (window is not None)
   kw = {"interpret": plgpu.InterpretGPUParams()} if interpret else {}
   prof = dict(profile_space=profile_space, profile_dir=profile_dir) if profile_dir else {}
   f = plgpu.kernel(
@@ -516,7 +511,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16),
                      [plgpu.SMEM((opt.tiles_per_step * n_,), jnp.float16) for n_ in (h, h, TILE, TILE)] if once else [],
-                     plgpu.Barrier(num_arrivals=1)] + ([plgpu.SMEM((2, ROWS), jnp.float32)] if window else []),
+                     plgpu.Barrier(num_arrivals=1)],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                            approx_math=opt.approx_math, **prof),
       kernel_name="kvjax_mosaic_kivi2", **kw)
