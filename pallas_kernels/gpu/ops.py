@@ -328,7 +328,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
 
   pallas_merge: merge the per-split states with the one-kernel `merge.merge_states` or with XLA
   (`decode.combine`, the reference). None: on a GPU `merge_in_kernel`, else XLA. On a "words" KIVI-2
-  cache (the Mosaic kernel): None / True `window_merge` (window + merge in one kernel), False XLA.
+  cache (the Mosaic kernel): False puts the residual window and the merge in XLA (mosaic_window "xla").
   mosaic_window: on a "words" KIVI-2 cache, where the residual window's state is computed
   (`mosaic_decode.WINDOWS`; None: `mosaic_decode.DEFAULT_WINDOW`, or "xla" with pallas_merge=False)."""
   if window is not None and (int(window) != window or window < 1):
