@@ -72,7 +72,8 @@ def check(log, interpret=False, variants=mk.VARIANTS):
                                               variant=variant))
     ro, rm, rl = map(np.asarray, mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=splits))
     if (variant if isinstance(variant, mk.Options) else mk.VARIANTS[variant]).balance:
-      e = test_base.relative_error(mk.merged(o, m, l), mk.merged(ro, rm, rl))  # splits cover other tokens
+      merged = lambda o, m, l: decode.combine(np.swapaxes(o, -1, -2), m, l, mk.ROWS)  # splits cover other tokens
+      e = test_base.relative_error(merged(o, m, l), merged(ro, rm, rl))
     else:
       e = max(test_base.relative_error(o, ro), test_base.relative_error(l, rl),
               float(np.abs(m - rm)[rl > 0].max(initial=0.0)))

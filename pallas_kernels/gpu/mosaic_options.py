@@ -1,0 +1,105 @@
+"""How the Mosaic GPU KIVI-2 kernel (`mosaic_kivi.kivi2_states`) builds its tile step: `Options` and the
+named presets sessions 11-15 timed on the H200 (`benchmarks/NOTES_gpu.md`); `mosaic_decode.DEFAULT_VARIANT`
+names the default."""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["Options", "VARIANTS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """How `kivi2_states` builds its tile step (session 11's sweep on the H200 picks the preset).
+
+  exact: planes are the codes themselves (fp16 1024 + code, minus 1024: exact), else 1024 + code with the
+    offset removed in the per-column constants (the same fp16-rounded q s / p s the tensor cores see).
+  zero_mma: the key zeros' logit term q . z_g on the tensor cores (the zero row broadcast over the tile,
+    16 columns at a time, against the fp16 query), else a cross-warp sum per tile. Needs `exact`.
+  fold_zeros: each zero folded into its plane as zero / scale (fp16 code + z / s, one more fp16 add per
+    pair of codes): no zero term, so no cross-warp sum but the max's per tile. Needs `exact`.
+  dequant_in_a: the A registers hold the dequantized tile (code * scale + zero, fp16; scale and zero per
+    k column: key channel or value token), against the query and the probabilities as stored (fp16):
+    no per-tile q * s product, store or commit for the keys, no zero terms. Needs `exact`.
+  tiles_per_step: 128-token tiles per pipeline step (1 or 2; 2 needs `dequant_in_a`): one max, one store
+    and commit, one set of copies per 256 tokens.
+  lazy_sums: l and the value zeros' term kept as per-thread [128, 16] sums, reduced once at the end
+    (+32 registers), else a cross-warp sum each per tile.
+  unpack: "shift" shifts each word per plane (uint16 shifts are scalar in PTX: session 11's PTX has 224
+    shr.u16 per tile); "mask" masks planes 0-4 in place and shifts once for 5-7 (`mosaic_kivi._plane_masked`), one
+    fp16 multiply per pair of codes instead. Needs `exact`.
+  lag: WGMMA groups left in flight while the next plane is unpacked (each plane's registers are free
+    once its group retires); None issues all planes, then waits.
+  q_in_smem: the query read from shared memory every tile instead of held in 16 registers.
+  approx_math: ex2.approx (Mosaic GPU's approx_math).
+  scales_once: with `dequant_in_a`, scales and zeros that are not fp16 (the cache's bf16) converted
+    once per tile into fp16 shared memory (keys': one more commit before the logits; values': with the
+    probabilities' commit) rather than per plane where each A operand is built.
+  stop_at_length: each split's pipeline runs over the steps holding tokens below the sequence's length
+    only (a dynamic grid; none for a split past it), else over the whole capacity, masked.
+  balance: with `stop_at_length`, the splits share the steps below the length evenly (split s takes
+    steps [s c, (s + 1) c), c = ceil(live steps / splits)), so a long cache holding few tokens still
+    spreads them over every split; else split s keeps its fixed slice of the capacity.
+  """
+  exact: bool = True
+  zero_mma: bool = False
+  fold_zeros: bool = False
+  dequant_in_a: bool = False
+  tiles_per_step: int = 1
+  lazy_sums: bool = False
+  unpack: str = "shift"
+  lag: int | None = 1
+  q_in_smem: bool = True
+  approx_math: bool = True
+  scales_once: bool = False
+  stop_at_length: bool = False
+  balance: bool = False
+
+  def __post_init__(self):
+    if self.zero_mma and not self.exact:
+      raise ValueError("zero_mma needs exact planes (the offset's correction is a cross-warp sum anyway)")
+    if self.fold_zeros and (self.zero_mma or not self.exact):
+      raise ValueError("fold_zeros needs exact planes and no zero_mma")
+    if self.dequant_in_a and (self.zero_mma or self.fold_zeros or not self.exact):
+      raise ValueError("dequant_in_a needs exact planes and neither zero_mma nor fold_zeros")
+    if self.tiles_per_step not in (1, 2) or self.tiles_per_step == 2 and not self.dequant_in_a:
+      raise ValueError(f"tiles_per_step must be 1, or 2 with dequant_in_a, got {self.tiles_per_step}")
+    if self.unpack not in ("shift", "mask"):
+      raise ValueError(f"unpack must be 'shift' or 'mask', got {self.unpack!r}")
+    if self.unpack == "mask" and not self.exact:
+      raise ValueError("unpack='mask' needs exact planes")
+    if self.scales_once and not self.dequant_in_a:
+      raise ValueError("scales_once needs dequant_in_a (the other presets read scales once per tile)")
+    if self.balance and not self.stop_at_length:
+      raise ValueError("balance needs stop_at_length (the splits share the steps below the length)")
+    if self.lag is not None and not 0 <= self.lag <= 8:
+      raise ValueError(f"lag must be None or 0..8 WGMMA groups in flight, got {self.lag}")
+
+
+VARIANTS = {
+    "offset": Options(exact=False, lag=None, q_in_smem=False, approx_math=False),  # session 10's kernel
+    "exact": Options(zero_mma=True, lazy_sums=True, lag=None, q_in_smem=False, approx_math=False),
+    "lean": Options(),
+    "lean_lag2": Options(lag=2),
+    "lean_lazy": Options(lazy_sums=True),
+    "lean_zmma": Options(zero_mma=True),
+    "folded": Options(fold_zeros=True),
+    "folded_lazy": Options(fold_zeros=True, lazy_sums=True),
+    "folded_mask": Options(fold_zeros=True, unpack="mask"),
+    "folded_lazy_mask": Options(fold_zeros=True, lazy_sums=True, unpack="mask"),
+    "dequant": Options(dequant_in_a=True, lazy_sums=True),
+    "dequant_mask": Options(dequant_in_a=True, lazy_sums=True, unpack="mask"),
+    "dequant_sum": Options(dequant_in_a=True, unpack="mask"),
+    "dequant2": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", tiles_per_step=2),
+    "dequant2_sum": Options(dequant_in_a=True, unpack="mask", tiles_per_step=2),
+    # session 14: bf16 scales (the cache's) converted once per tile; WGMMA groups in flight
+    "dequant_mask_s16": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True),
+    "dequant_mask_lag2": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", lag=2),
+    "dequant_mask_lag4": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", lag=4),
+    "dequant_mask_s16_lag2": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True, lag=2),
+    "dequant_mask_s16_stop": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
+                                     stop_at_length=True),
+    "dequant_mask_s16_bal": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
+                                    stop_at_length=True, balance=True),
+}
