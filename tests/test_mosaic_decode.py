@@ -4,6 +4,8 @@
 lengths below, at and past the residual, a window that straddles a quantized key group; caches in the
 planar layout (converted per call) and in the "words" layout (read as stored, dispatched by `ops`)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,6 +87,21 @@ def test_auto_window_takes_the_kernel_for_short_splits():
   assert md.auto_window(256, 8) == md.auto_window(32, 1) == "pallas"
   assert md.DEFAULT_WINDOW == "auto"
   assert md.auto_window(512 // 128, md.default_splits(2, 1, 4)) == "kernel"  # this file's test caches
+
+
+def test_auto_window_keeps_f32_residual_rings_off_the_kernel():
+  """The kernel's window reads the rings as a WGMMA operand (16-bit); an f32 residual ring goes to
+  window_merge under "auto" and is refused by name under "kernel"."""
+  fmt = dataclasses.replace(formats.preset("kivi2_g128"), residual_dtype="float32")
+  c = kvcache.init_cache(fmt, 1, 1, 256, 128, kivi_layout="words")
+  rng = np.random.default_rng(0)
+  kv = lambda: jnp.asarray(rng.normal(size=(1, 1, 150, 128)), jnp.float32)
+  c = kvcache.prefill(c, kv(), kv(), jnp.asarray([150], jnp.int32))
+  q = jnp.asarray(rng.normal(size=(1, 4, 1, 128)), jnp.float32)
+  out = md.decode_attention(q, c, interpret=True)  # "auto"
+  assert test_base.relative_error(out, attention.decode_attention(q, c)) < 1e-3
+  with pytest.raises(ValueError, match="v_res must be bfloat16 or float16"):
+    md.decode_attention(q, c, interpret=True, window="kernel")
 
 
 def test_refuses_what_it_does_not_take():

@@ -150,12 +150,12 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
     raise ValueError(f"q must be [B, N, T, {cache.head_dim}] with N a multiple of the {kh} KV heads and "
                      f"N / {kh} x T <= {mk.ROWS} query rows per KV head, got {q.shape}")
   b, n, t, h = q.shape
+  opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
   if num_splits is None:
-    opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
     num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
-  if window == "auto":  # (the kernel's window needs a dequant_in_a variant)
-    opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
-    window = auto_window(cache.capacity // mk.TILE, num_splits) if opt.dequant_in_a else "pallas"
+  if window == "auto":  # (the kernel's window needs a dequant_in_a variant and 16-bit residual rings)
+    takes = opt.dequant_in_a and cache.v_res.dtype in (jnp.bfloat16, jnp.float16)
+    window = auto_window(cache.capacity // mk.TILE, num_splits) if takes else "pallas"
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
                  interpret=interpret, window=window)
