@@ -1,9 +1,11 @@
 #!/bin/bash
-# Session 15, call 4. The in-kernel window folded into split 0 (its state is the start of split 0's online softmax) instead of an extra program per (b, k); key loads grouped 4 planes, first value
-# half's copy issued first (call 2: the window program was slow enough that at B=8 32k, 8 x 8 x 9 = 576
-# programs over 528 resident slots, the call took 172.4 us against 146.8; call 3 the same). 1. GPU check +
-# registers of the kernel with the window program; 2. the sweep of mosaic_window="kernel" (8 and 16
-# splits) against the default at 8 points, with the kivi2_g128 table against torch SDPA in the same run.
+# Session 15, call 4 (run at commit 24ba6eb). The in-kernel window folded into split 0 (its state the
+# start of split 0's online softmax) instead of an extra program per (b, k), to test whether call 3's
+# B=8 32k slowdown (171.5 us against 146.4) came from the 576 programs over 528 resident slots. It did
+# not (174.1), and the fold was slower everywhere else, so the tree went back to the extra program: run
+# on a later commit this script times that instead. 1. GPU check (`-k window`); 2. the sweep of
+# mosaic_window="kernel" (8 splits) against the default at 8 points, with the kivi2_g128 table against
+# torch SDPA in the same run.
 set -u
 source "$(dirname "$0")/device_setup.sh"
 JAX_PLATFORMS=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider \
