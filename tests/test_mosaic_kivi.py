@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import test_base
-from pallas_kernels.gpu import decode, mosaic_kivi as mk
+from pallas_kernels.gpu import decode, mosaic_decode, mosaic_kivi as mk
 
 
 def _case(lengths=(512, 200)):
@@ -177,6 +177,21 @@ def test_lowers_for_cuda_with_registers_as_the_a_operand(variant):
   q_t, ln, kc, ks, kz, vc, vs, vz = _case()
   fn = jax.jit(lambda *a: mk.kivi2_states(*a, num_splits=2, variant=variant))
   text = fn.trace(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "kvjax_mosaic_kivi2" in text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
+                    reason="Mosaic GPU's CUDA lowering needs jax-cuda12-plugin")
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_lowers_for_cuda_with_the_window_as_one_more_program(dtype):
+  """The residual window's program (ring keys from shared memory against q = hi + lo in the ring's
+  dtype, the quantized tile as register A, the values as a transposed shared-memory A) lowers."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case()
+  ring = jnp.ones(q_t.shape[:2] + (mk.TILE, 128), dtype)
+  fn = jax.jit(lambda *a: mk.kivi2_states(*a[:8], num_splits=2, variant=mosaic_decode.DEFAULT_VARIANT,
+                                          window=(a[8], ring, ring, 2)))
+  text = fn.trace(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz, ln + 128).lower(
       lowering_platforms=("cuda",)).as_text()
   assert "kvjax_mosaic_kivi2" in text
 

@@ -1,6 +1,7 @@
 """Session 15: the kivi2_g128 rows of the new default (`mosaic_decode.DEFAULT_WINDOW = "auto"`) from call
 3's same-run timings (`decode_parts/decode_s15c_kivi.json`): at each point, the row of the window that
-`auto_window` picks for that point's default splits (the sweep's mosaic_window="kernel" row, or the
+session 15's `auto_window` picked for that point's default splits (the kernel's window where a split
+holds <= 8 capacity tiles; session 16 takes it everywhere) (the sweep's mosaic_window="kernel" row, or the
 table's kvjax row, which was window_merge's), and the run's torch SDPA rows. Writes
 `decode_parts/decode_s15c_auto.json` (merged into `decode_h200.json` with `decode_kernels.py --merge`).
 
@@ -26,7 +27,7 @@ def main():
     if impl != "kvjax":
       continue
     tiles = ctx // 128
-    window = md.auto_window(tiles, md.default_splits(b, 8, tiles))
+    window = "kernel" if tiles <= 8 * md.default_splits(b, 8, tiles) else "pallas"  # session 15's rule
     pick = by.get(("sweep:mosaic_window=kernel", b, ctx)) if window == "kernel" else r
     rows.append(dict(pick, impl="kvjax"))
     print(f"B={b:<3d} ctx={ctx:<6d} window={window:7s} {pick['us']:8.1f} us "

@@ -8,9 +8,10 @@ by `repack` first: a pass over the whole cache per call, for tests and planar ca
 Split of the work, with L = length, R = the residual length, Lq = L - L % R:
   * tokens [0, L - R): quantized keys and values: the kernel's splits;
   * the window [max(L - R, 0), L): values from the value ring (`v_res`), keys dequantized below Lq
-    and from `k_res` from Lq on: one more split state computed here in XLA (R tokens);
-and `decode.combine` merges all of them; by default `window_merge` does the window and the merge
-in one Pallas kernel, without the token gathers (one launch instead of a dozen XLA kernels).
+    and from `k_res` from Lq on: one more split state (R tokens);
+and `decode.combine` merges all of them. By default (`window="auto"`) the window's state is one more
+program of the Mosaic kernel and XLA merges; `window_merge` (the window and the merge in one Pallas
+kernel) and plain XLA (`window_states`) are the other ways.
 """
 
 from __future__ import annotations
@@ -37,22 +38,25 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # whole capacity, and holding 1k / 8k tokens of a 32k capacity takes 15.1 / 43.6 us against 132.5 / 133.3
 # (stopping without sharing: 34.5 / 108.2).
 DEFAULT_VARIANT = "dequant_mask_s16_bal"
-# Where the residual window's state is made (`decode_attention`'s window). Session 15 (H200, same run as
-# torch SDPA, decode_parts/decode_s15c_kivi.json, us: window_merge's Pallas kernel -> the window as one
-# more program of the Mosaic kernel): B=1 32k 40.9 -> 30.9, B=8 4k 41.3 -> 33.6, B=1 4k 25.2 -> 18.2,
-# B=8 1k 29.3 -> 20.9, B=1 1k 19.7 -> 13.2, B=64 1k 93.3 -> 57.0, B=64 4k 183.9 -> 168.9, but B=8 32k
-# 146.4 -> 171.5: with the window's code in it the kernel walks its long splits slower (not yet
-# understood; the extra programs are not it: folding the window into split 0 took 174.1). "auto" takes
-# the kernel's window where each split holds at most AUTO_KERNEL_WINDOW_TILES capacity tiles.
+# Where the residual window's state is made (`decode_attention`'s window). "auto": the window as one more
+# program of the Mosaic kernel wherever the kernel can take it (a `dequant_in_a` variant, 16-bit residual
+# rings), else `window_merge`'s Pallas kernel. Session 16 (H200, same run as torch SDPA,
+# decode_parts/decode_s16c_kivi.json, us, window_merge -> the kernel's window): B=8 32k 147.2 -> 140.3,
+# B=1 32k 41.7 -> 34.2, B=8 4k 41.4 -> 32.3, B=1 4k 24.9 -> 18.6, B=8 1k 29.6 -> 21.5, B=1 1k 20.2 -> 14.5,
+# B=64 4k 183.9 -> 163.6, B=64 1k 92.9 -> 53.3. (Session 15's kernel window was slower at B=8 32k, 171.5:
+# written as two `pl.when`s, it kept the kernel at 141 registers, 3 programs per SM instead of 4.)
 WINDOWS = ("auto", "pallas", "kernel", "xla")
 DEFAULT_WINDOW = "auto"
-AUTO_KERNEL_WINDOW_TILES = 8
 
 
-def auto_window(tiles: int, num_splits: int) -> str:
-  """The window `decode_attention(window="auto")` takes over `tiles` 128-token capacity tiles in
-  `num_splits` splits: "kernel" for short splits (<= AUTO_KERNEL_WINDOW_TILES tiles), else "pallas"."""
-  return "kernel" if tiles <= AUTO_KERNEL_WINDOW_TILES * num_splits else "pallas"
+def auto_window(variant: str | mk.Options, k_res_dtype, v_res_dtype) -> str:
+  """The window `decode_attention(window="auto")` takes: "kernel" where the Mosaic kernel can hold it (a
+  `dequant_in_a` variant; 16-bit rings, WGMMA operands), else "pallas" (`window_merge`)."""
+  opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
+  ok = opt.dequant_in_a and all(jnp.dtype(d) in (jnp.bfloat16, jnp.float16) for d in (k_res_dtype, v_res_dtype))
+  return "kernel" if ok else "pallas"
+
+
 TARGET_PROGRAMS = 512  # B=8 x 8 KV heads x 8 splits: the best of 4 / 8 at 32k; 1 x 8 x 32 at B=1
 MAX_SPLITS = 32        # the most timed
 
@@ -138,7 +142,7 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 cache: T query tokens at positions
   L - T + t (the last T cached; causal among them), N / K x T <= 16 rows per KV head.
   num_splits: None picks `default_splits`. window (`WINDOWS`), where the residual window's state is
-  computed and the states merged: "auto" (`auto_window`), "pallas", the window and the merge in one Pallas kernel
+  computed and the states merged: "auto" (`auto_window`: "kernel" where it can), "pallas", the window and the merge in one Pallas kernel
   (`window_merge`); "kernel", the window as one more program of the Mosaic kernel, merged in XLA
   (`decode.combine`); "xla", the window and the merge in XLA (`window_states`)."""
   if (why := supports(cache)) is not None:
@@ -153,9 +157,8 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
   if num_splits is None:
     num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
-  if window == "auto":  # (the kernel's window needs a dequant_in_a variant and 16-bit residual rings)
-    takes = opt.dequant_in_a and cache.v_res.dtype in (jnp.bfloat16, jnp.float16)
-    window = auto_window(cache.capacity // mk.TILE, num_splits) if takes else "pallas"
+  if window == "auto":
+    window = auto_window(variant, cache.k_res.dtype, cache.v_res.dtype)
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
                  interpret=interpret, window=window)

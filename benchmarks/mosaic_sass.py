@@ -1,0 +1,145 @@
+"""What the Mosaic GPU KIVI-2 kernel (`pallas_kernels.gpu.mosaic_kivi`) compiles to, on a GPU: for each
+build (a variant, with or without the residual window as one more program), the registers per thread
+and spills from ptxas, the resident programs per SM they allow, the SASS of the tile loop (the longest
+backward branch: its instruction count and mix per 128-token tile), and the kernel's time alone
+(B=8, 32k, 8 splits, same caches as `mosaic_kivi_bench.py`).
+
+    python3 benchmarks/mosaic_sass.py --builds 'base:dequant_mask_s16_bal;window:dequant_mask_s16_bal:window' \
+        --out $OUT/mosaic_sass.json --dumps $OUT/dumps.tar.gz
+
+Mosaic GPU writes its compiler dumps (PTX, the ptxas log, SASS) to the directory named by
+MOSAIC_GPU_DUMP_TO when MOSAIC_GPU_DUMP_{PTX,PTXAS,SASS} are set (read at each compilation, so one
+directory per build here). The raw dumps go into one tarball (`--dumps`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import re
+import sys
+import tarfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import decode_kernels as dk  # noqa: E402
+from kernel_sass import main_loop, opcode, sass_instructions  # noqa: E402
+from mosaic_kivi_bench import caches_for  # noqa: E402
+from pallas_kernels.gpu import decode, mosaic_kivi as mk  # noqa: E402
+
+REGS_PER_SM, THREADS = 65536, 128  # one warpgroup per program
+
+
+def parse_builds(text):
+  """'name:variant[:window];...' -> [(name, variant, window?)]."""
+  out = []
+  for item in filter(None, text.split(";")):
+    parts = item.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "window"):
+      raise ValueError(f"--builds: each item must be name:variant[:window], got {item!r}")
+    if parts[1] not in mk.VARIANTS:
+      raise ValueError(f"--builds: variant must be one of {tuple(mk.VARIANTS)}, got {parts[1]!r}")
+    out.append((parts[0], parts[1], len(parts) == 3))
+  return out
+
+
+def window_inputs(b, kh, lengths, key):
+  """(full lengths, k_res, v_res) for `kivi2_states(window=...)`: random bf16 rings."""
+  k1, k2 = jax.random.split(key)
+  ring = lambda kk: jax.random.normal(kk, (b, kh, mk.TILE, 128), jnp.bfloat16)
+  return lengths, ring(k1), ring(k2)
+
+
+def states_fn(variant, splits, window):
+  """q [B, N, 1, H] + a cache -> [B, N, 1, H] through the kernel's states and the XLA merge."""
+  def f(q, lengths, cache, win):  # win: (full lengths, k_res, v_res); one query token
+    b, n, _, h = q.shape
+    kh = cache[0].shape[1]
+    rep = n // kh
+    q_t = (q.astype(jnp.float32).reshape(b, kh, rep, h) * (h ** -0.5 * decode.LOG2E)).swapaxes(-1, -2)
+    q_t = jnp.pad(q_t, ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
+    kern_len = jnp.maximum(lengths - mk.TILE, 0) if window else lengths
+    o_t, m, l = mk.kivi2_states(q_t, kern_len, *cache, num_splits=splits, variant=variant,
+                                window=(*win, 1) if window else None)
+    return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
+  return f
+
+
+def read_dumps(d):
+  """Registers, spills and the tile loop's SASS from one build's dump directory."""
+  text = {p: open(p, errors="replace").read() for p in sorted(glob.glob(os.path.join(d, "**", "*"), recursive=True))
+          if os.path.isfile(p)}
+  out = {"files": sorted(os.path.relpath(p, d) for p in text)}
+  for p, t in text.items():
+    if m := re.search(r"Used (\d+) registers", t):
+      out["registers"] = int(m.group(1))
+      sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", t)
+      out["spill_store_bytes"], out["spill_load_bytes"] = (int(sp.group(1)), int(sp.group(2))) if sp else (None, None)
+      out["ptxas_log"] = t[-2000:]
+  sass = [t for t in text.values() if re.search(r"/\*[0-9a-f]{4,}\*/\s+\w", t)]
+  if sass:
+    ins = sass_instructions(max(sass, key=len))
+    out["sass_instructions"] = len(ins)
+    loop = main_loop(ins)
+    if loop:
+      body = [t for a, t in ins if loop[0] <= a <= loop[1]]
+      out["loop_instructions"] = len(body)
+      out["loop_mix"] = dict(collections.Counter(opcode(t).split(".")[0] for t in body).most_common(24))
+  if "registers" in out:
+    out["programs_per_sm_by_registers"] = REGS_PER_SM // (-(-out["registers"] // 8) * 8 * THREADS)
+  return out
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--builds", default="base:dequant_mask_s16_bal;window:dequant_mask_s16_bal:window")
+  ap.add_argument("--point", default="8:32768", help="batch:context")
+  ap.add_argument("--splits", type=int, default=8)
+  ap.add_argument("--reps", type=int, default=3)
+  ap.add_argument("--dump-root", default="/tmp/mosaic_dumps")
+  ap.add_argument("--dumps", default="", help="tarball of the raw dumps")
+  ap.add_argument("--out", required=True)
+  args = ap.parse_args(argv)
+  builds = parse_builds(args.builds)
+  b, ctx = map(int, args.point.split(":"))
+  key = jax.random.PRNGKey(0)
+  caches, nbytes, lengths = caches_for(b, ctx, key, jnp.bfloat16)
+  win = window_inputs(b, dk.SHAPE.k_heads, lengths, jax.random.fold_in(key, 7))
+  q = jax.random.normal(jax.random.fold_in(key, 99), (b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16)
+  rows = []
+  for name, variant, window in builds:
+    d = os.path.join(args.dump_root, name)
+    os.makedirs(d, exist_ok=True)
+    os.environ.update(MOSAIC_GPU_DUMP_TO=d, MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1",
+                      MOSAIC_GPU_DUMP_SASS="1")
+    f = states_fn(variant, args.splits, window)
+    jax.block_until_ready(jax.jit(f)(q, lengths, caches[0], win))  # compiles (dumps) once
+    for k in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_PTXAS", "MOSAIC_GPU_DUMP_SASS"):
+      os.environ.pop(k)
+
+    def step(x, f=f):
+      q, cs = x
+      for c in cs:
+        q = dk.chain(q, f(q, lengths, c, win))
+      return q, cs
+    us = dk.time_loop(step, (q, caches), max(1, dk.steps_for(nbytes / 2e6) // len(caches)), args.reps) / len(caches)
+    row = {"build": name, "variant": variant, "window": window, "batch": b, "context": ctx,
+           "splits": args.splits, "us": round(us, 2), **read_dumps(d)}
+    print(json.dumps({k: v for k, v in row.items() if k != "ptxas_log"}), flush=True)
+    rows.append(row)
+  with open(args.out, "w") as fh:
+    json.dump(rows, fh, indent=1)
+  if args.dumps:
+    with tarfile.open(args.dumps, "w:gz") as tar:
+      tar.add(args.dump_root, arcname="dumps")
+
+
+if __name__ == "__main__":
+  main()

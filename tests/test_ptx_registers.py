@@ -1,0 +1,67 @@
+"""`benchmarks/ptx_registers.py` (register life ranges from nvdisasm -plr) and `benchmarks/mosaic_sass.py`'s
+CPU side (its build list and the reading of Mosaic GPU's dumps), on synthetic text: the conditional
+backward branch is the loop, the unconditional one (an out-of-line barrier-wait retry) is not, and a
+register defined before the loop and used after it without being touched inside is live-through."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+import mosaic_sass  # noqa: E402
+import ptx_registers  # noqa: E402
+
+HEADER = " " * 40 + "// |   # 0 1 2 3 |"
+POS = {r: HEADER.index("#") + 2 + 2 * r for r in range(4)}
+
+
+def row(text, count, states):
+  line = list(text.ljust(40) + "// |" + f"{count:>4}" + " " * 12 + "|")
+  for r, ch in states.items():
+    line[POS[r]] = ch
+  return "".join(line)
+
+
+PLR = "\n".join([
+    HEADER,
+    row("        /*0000*/  MOV R0, 0x1 ;", 1, {0: "^"}),
+    row("        /*0010*/  MOV R3, 0x2 ;", 2, {0: ":", 3: "^"}),
+    row(".L_x_1:", 2, {0: ":", 3: ":"}),
+    row("        /*0020*/  IADD R1, R0, 0x1 ;", 3, {0: "v", 1: "^", 3: ":"}),
+    row("        /*0030*/  @P0 BRA `(.L_x_1) ;", 3, {0: ":", 1: ":", 3: ":"}),
+    row("        /*0040*/  STS [R1], R3 ;", 2, {1: "v", 3: "v"}),
+    row("        /*0050*/  EXIT ;", 0, {}),
+    row(".L_x_2:", 0, {}),
+    row("        /*0060*/  BRA `(.L_x_1) ;", 0, {}),
+])
+
+
+def test_loop_and_live_through_registers():
+  out = ptx_registers.analyze(PLR)
+  assert out["instructions"] == 7 and out["peak_live"] == 3
+  assert out["loop_instructions"] == 2 and out["loop_peak_live"] == 3
+  assert out["loop_head_live"] == 2  # R0 and R3
+  assert out["live_through"] == [3]  # R0 is read inside the loop; R3 only after it
+
+
+def test_no_header_is_an_error():
+  with pytest.raises(ValueError, match="life-range header"):
+    ptx_registers.analyze("        /*0000*/  EXIT ;")
+
+
+def test_build_list_and_dump_reading(tmp_path):
+  assert mosaic_sass.parse_builds("a:dequant_mask_s16_bal;b:dequant_mask_s16_bal:window") == [
+      ("a", "dequant_mask_s16_bal", False), ("b", "dequant_mask_s16_bal", True)]
+  with pytest.raises(ValueError, match="name:variant"):
+    mosaic_sass.parse_builds("a:dequant_mask_s16_bal:twice")
+  with pytest.raises(ValueError, match="variant must be one of"):
+    mosaic_sass.parse_builds("a:nope")
+  (tmp_path / "k.ptxas").write_text("ptxas info    : Used 141 registers, used 2 barriers\n"
+                                    "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n")
+  (tmp_path / "k.ptx").write_text(".version 9.0\n")
+  out = mosaic_sass.read_dumps(str(tmp_path))
+  assert out["registers"] == 141 and out["spill_store_bytes"] == 0
+  assert out["programs_per_sm_by_registers"] == 3  # 144 x 128 threads: 3 programs in 65536 registers
+  assert out["files"] == ["k.ptx", "k.ptxas"]
