@@ -30,6 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import decode_kernels as dk  # noqa: E402
+import ptx_registers  # noqa: E402
 from kernel_sass import main_loop, opcode, sass_instructions  # noqa: E402
 from mosaic_kivi_bench import caches_for  # noqa: E402
 from pallas_kernels.gpu import decode, mosaic_kivi as mk  # noqa: E402
@@ -97,6 +98,21 @@ def read_dumps(d):
   return out
 
 
+def aot_args(target_config: str, b: int, ctx: int):
+  """(q, lengths, cache, window) as shapes on one compile-only H200 of `target_config` (a GpuTargetConfig
+  text proto): compiling for it needs no GPU, only the CUDA plugin and ptxas (CUDA_ROOT)."""
+  from jax.experimental import topologies
+  topo = topologies.get_topology_desc(platform="cuda", target_config=open(target_config).read(), topology="1x1x1")
+  on = jax.sharding.SingleDeviceSharding(topo.devices[0])
+  sd = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=on)
+  kh, g = dk.SHAPE.k_heads, ctx // mk.TILE
+  cache = (sd((b, kh, ctx, 16), jnp.uint16), sd((b, kh, g, 128), jnp.bfloat16), sd((b, kh, g, 128), jnp.bfloat16),
+           sd((b, kh, g, 128, 16), jnp.uint16), sd((b, kh, ctx), jnp.bfloat16), sd((b, kh, ctx), jnp.bfloat16))
+  ring = sd((b, kh, mk.TILE, 128), jnp.bfloat16)
+  lengths = sd((b,), jnp.int32)
+  return sd((b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16), lengths, cache, (lengths, ring, ring)
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--builds", default="base:dequant_mask_s16_bal;window:dequant_mask_s16_bal:window")
@@ -105,40 +121,57 @@ def main(argv=None):
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--dump-root", default="/tmp/mosaic_dumps")
   ap.add_argument("--dumps", default="", help="tarball of the raw dumps")
+  ap.add_argument("--target-config", default="", help="compile only, for this GpuTargetConfig text proto "
+                  "(no GPU: benchmarks/results/h200_target_config.txtpb); no timing")
+  ap.add_argument("--ptxas", default="", help="with --nvdisasm: the tile loop's SASS and register life "
+                  "ranges of each build (benchmarks/ptx_registers.py)")
+  ap.add_argument("--nvdisasm", default="")
   ap.add_argument("--out", required=True)
   args = ap.parse_args(argv)
   builds = parse_builds(args.builds)
   b, ctx = map(int, args.point.split(":"))
   key = jax.random.PRNGKey(0)
-  caches, nbytes, lengths = caches_for(b, ctx, key, jnp.bfloat16)
-  win = window_inputs(b, dk.SHAPE.k_heads, lengths, jax.random.fold_in(key, 7))
-  q = jax.random.normal(jax.random.fold_in(key, 99), (b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16)
+  if args.target_config:
+    q, lengths, cache, win = aot_args(args.target_config, b, ctx)
+  else:
+    caches, nbytes, lengths = caches_for(b, ctx, key, jnp.bfloat16)
+    cache = caches[0]
+    win = window_inputs(b, dk.SHAPE.k_heads, lengths, jax.random.fold_in(key, 7))
+    q = jax.random.normal(jax.random.fold_in(key, 99), (b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16)
   rows = []
   for name, variant, window in builds:
     d = os.path.join(args.dump_root, name)
     os.makedirs(d, exist_ok=True)
-    os.environ.update(MOSAIC_GPU_DUMP_TO=d, MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1",
-                      MOSAIC_GPU_DUMP_SASS="1")
+    os.environ.update(MOSAIC_GPU_DUMP_TO=d, MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
     f = states_fn(variant, args.splits, window)
-    jax.block_until_ready(jax.jit(f)(q, lengths, caches[0], win))  # compiles (dumps) once
-    for k in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_PTXAS", "MOSAIC_GPU_DUMP_SASS"):
+    if args.target_config:
+      jax.jit(f).trace(q, lengths, cache, win).lower().compile()
+    else:
+      jax.block_until_ready(jax.jit(f)(q, lengths, cache, win))  # compiles (dumps) once
+    for k in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_PTXAS"):
       os.environ.pop(k)
-
-    def step(x, f=f):
-      q, cs = x
-      for c in cs:
-        q = dk.chain(q, f(q, lengths, c, win))
-      return q, cs
-    us = dk.time_loop(step, (q, caches), max(1, dk.steps_for(nbytes / 2e6) // len(caches)), args.reps) / len(caches)
-    row = {"build": name, "variant": variant, "window": window, "batch": b, "context": ctx,
-           "splits": args.splits, "us": round(us, 2), **read_dumps(d)}
-    print(json.dumps({k: v for k, v in row.items() if k != "ptxas_log"}), flush=True)
+    row = {"build": name, "variant": variant, "window": window, "batch": b, "context": ctx, "splits": args.splits}
+    if not args.target_config:
+      def step(x, f=f):
+        q, cs = x
+        for c in cs:
+          q = dk.chain(q, f(q, lengths, c, win))
+        return q, cs
+      row["us"] = round(dk.time_loop(step, (q, caches), max(1, dk.steps_for(nbytes / 2e6) // len(caches)),
+                                     args.reps) / len(caches), 2)
+    row.update(read_dumps(d))
+    if args.ptxas and args.nvdisasm:
+      ptx = sorted(glob.glob(os.path.join(d, "*.ptx")))[-1]
+      sass = ptx_registers.compile_ptx(ptx, args.ptxas, args.nvdisasm)
+      row.update({f"sass_{k}": v for k, v in sass.items() if k not in ("ptx", "registers", "spill_store_bytes")})
+    print(json.dumps({k: v for k, v in row.items() if k not in ("ptxas_log", "files")}), flush=True)
     rows.append(row)
   with open(args.out, "w") as fh:
     json.dump(rows, fh, indent=1)
   if args.dumps:
     with tarfile.open(args.dumps, "w:gz") as tar:
       tar.add(args.dump_root, arcname="dumps")
+  return rows
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ INTERPRETED = ("offset", "exact", "lean", "folded_mask", "folded_lazy_mask", "de
 def test_interpreted_presets_cover_every_option():
   # balanced splits differ from the reference's fixed ones per split: their own merged test below
   for field in dataclasses.fields(mk.Options):
-    seen = {getattr(mk.VARIANTS[v], field.name) for v in INTERPRETED + ("dequant_mask_s16_bal",)}
+    seen = {getattr(mk.VARIANTS[v], field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT,)}
     assert len(seen) >= 2, field.name
 
 
@@ -96,7 +96,7 @@ def test_balanced_splits_share_the_live_tiles():
   lengths = (384, 129, 0, 1, 512, 200)
   q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
   args = (q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
-  o, m, l = map(np.asarray, mk.kivi2_states(*args, num_splits=4, interpret=True, variant="dequant_mask_s16_bal"))
+  o, m, l = map(np.asarray, mk.kivi2_states(*args, num_splits=4, interpret=True, variant=mosaic_decode.DEFAULT_VARIANT))
   ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=4)
   merged = lambda o, m, l: decode.combine(np.swapaxes(o, -1, -2), m, l, mk.ROWS)  # states -> attention
   assert test_base.relative_error(merged(o, m, l), merged(*ref)) < 2e-3
@@ -156,6 +156,8 @@ def test_options_are_validated():
     mk.Options(exact=False, unpack="mask")
   with pytest.raises(ValueError, match="lag must be None or 0..8 WGMMA groups in flight, got 9"):
     mk.Options(lag=9)
+  with pytest.raises(ValueError, match="opaque_magic needs unpack='mask'"):
+    mk.Options(opaque_magic=True)
 
 
 def test_exact_planes_are_the_codes():
@@ -165,9 +167,10 @@ def test_exact_planes_are_the_codes():
     off, ex = mk._plane(words, m), mk._plane(words, m, exact=True)
     np.testing.assert_array_equal(np.asarray(ex, np.float32), (w >> (2 * m)) & 3)
     np.testing.assert_array_equal(np.asarray(off, np.float32), 1024 + ((w >> (2 * m)) & 3))
-    masked = mk._plane_masked(words, words >> 10, m)
-    assert masked.dtype == jnp.float16
-    np.testing.assert_array_equal(np.asarray(masked, np.float32), (w >> (2 * m)) & 3)
+    for magic in (None, jnp.uint16(0x6400)):  # the literal, or the scalar read at run time (opaque_magic)
+      masked = mk._plane_masked(words, words >> 10, m, magic)
+      assert masked.dtype == jnp.float16
+      np.testing.assert_array_equal(np.asarray(masked, np.float32), (w >> (2 * m)) & 3)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,

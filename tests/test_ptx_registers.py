@@ -3,7 +3,9 @@ CPU side (its build list and the reading of Mosaic GPU's dumps), on synthetic te
 backward branch is the loop, the unconditional one (an out-of-line barrier-wait retry) is not, and a
 register defined before the loop and used after it without being touched inside is live-through."""
 
+import importlib.util
 import os
+import shutil
 import sys
 
 import pytest
@@ -65,3 +67,24 @@ def test_build_list_and_dump_reading(tmp_path):
   assert out["registers"] == 141 and out["spill_store_bytes"] == 0
   assert out["programs_per_sm_by_registers"] == 3  # 144 x 128 threads: 3 programs in 65536 registers
   assert out["files"] == ["k.ptx", "k.ptxas"]
+
+
+CUDA_ROOT = os.environ.get("CUDA_ROOT", "")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None
+                    or not os.path.exists(os.path.join(CUDA_ROOT, "bin", "ptxas"))
+                    or shutil.which("nvdisasm", path=os.path.join(CUDA_ROOT, "bin")) is None,
+                    reason="compiling for the H200 on the CPU needs jax-cuda12-plugin and CUDA_ROOT with "
+                           "bin/ptxas (CUDA >= 13), bin/nvdisasm and nvvm/libdevice")
+def test_compiles_the_kernel_for_an_h200_without_one(tmp_path):
+  """`mosaic_sass.py --target-config`: the default preset's registers and tile loop, as session 16 read
+  them (127-128 registers, a loop of under 1000 SASS instructions since `opaque_magic`)."""
+  target = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "h200_target_config.txtpb")
+  bin_ = os.path.join(CUDA_ROOT, "bin")
+  (row,) = mosaic_sass.main(["--builds", "d:dequant_mask_s16_bal_om", "--point", "1:1024", "--splits", "2",
+                             "--target-config", target, "--ptxas", os.path.join(bin_, "ptxas"),
+                             "--nvdisasm", os.path.join(bin_, "nvdisasm"), "--dump-root", str(tmp_path / "d"),
+                             "--out", str(tmp_path / "o.json")])
+  assert row["registers"] <= 128 and row["programs_per_sm_by_registers"] == 4
+  assert 0 < row["sass_loop_instructions"] < 1000

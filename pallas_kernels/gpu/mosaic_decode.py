@@ -37,7 +37,10 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # sharing the live tiles (dequant_mask_s16_bal) costs 133.3 us on a full cache against 132.2 walking the
 # whole capacity, and holding 1k / 8k tokens of a 32k capacity takes 15.1 / 43.6 us against 132.5 / 133.3
 # (stopping without sharing: 34.5 / 108.2).
-DEFAULT_VARIANT = "dequant_mask_s16_bal"
+# Session 16: the same with 0x6400 read at run time (`Options.opaque_magic`): the tile loop's SASS is 988
+# instructions instead of 1114 (benchmarks/mosaic_sass.py, compiled for an H200 on the CPU), 128 registers;
+# B=8 32k alone 133.4 -> 122.9 us (decode_parts/mosaic_sass_s16h.json), through ops 129.1 against torch 244.4.
+DEFAULT_VARIANT = "dequant_mask_s16_bal_om"
 # Where the residual window's state is made (`decode_attention`'s window). "auto": the window as one more
 # program of the Mosaic kernel wherever the kernel can take it (a `dequant_in_a` variant, 16-bit residual
 # rings), else `window_merge`'s Pallas kernel. Session 16 (H200, same run as torch SDPA,

@@ -77,12 +77,14 @@ def _plane(words, m: int, exact: bool = False):
   return x - jnp.float16(1024) if exact else x
 
 
-def _plane_masked(words, hi, m: int):
+def _plane_masked(words, hi, m: int, magic=None):
   """Plane m as its exact fp16 code without shifting each word per plane: for planes 0-4 the code is
   masked in place, (w & 3 << 2m) | 0x6400 = fp16 1024 + c 4^m (mantissa bits 0-9 at exponent 10), then
-  x 4^-m - 1024 4^-m = c, both steps exact; planes 5-7 do the same from hi = w >> 10 (one shift a word)."""
+  x 4^-m - 1024 4^-m = c, both steps exact; planes 5-7 do the same from hi = w >> 10 (one shift a word).
+  magic: 0x6400 as a uint16 scalar read at run time (`Options.opaque_magic`), else the literal."""
   src, j = (words, m) if m < 5 else (hi, m - 5)
-  x = lax.bitcast_convert_type((src & jnp.uint16(3 << 2 * j)) | jnp.uint16(0x6400), jnp.float16)
+  x = lax.bitcast_convert_type((src & jnp.uint16(3 << 2 * j)) | (jnp.uint16(0x6400) if magic is None else magic),
+                               jnp.float16)
   return (x * jnp.float16(4.0 ** -j) if j else x) - jnp.float16(1024 * 4.0 ** -j)
 
 
@@ -172,13 +174,13 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     """l rescaled and grown by this step's p: per-thread [TILE, N] sums (`lazy_sums`) or per column."""
     return l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
 
-  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None):
+  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None, magic=None):
     """(A builder, B slab) per plane; plane m is code (* scale_ref[16 m: 16 m + 16]) (+ add_ref[16 m:
     16 m + 16]), those [16] vectors per k column, broadcast over the rows."""
     hi = lax.shift_right_logical(words, jnp.uint16(10)) if opt.unpack == "mask" else None
 
     def a(m):
-      x = _plane_masked(words, hi, m) if opt.unpack == "mask" else _plane(words, m, opt.exact)
+      x = _plane_masked(words, hi, m, magic) if opt.unpack == "mask" else _plane(words, m, opt.exact)
       if scale_ref is not None:
         x = x * col(scale_ref, m, words.shape[0])
       return x if add_ref is None else x + col(add_ref, m, words.shape[0])
@@ -196,7 +198,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
   once = opt.scales_once and ks.dtype != jnp.float16
 
-  def dequant_step(length, first, pt_smem, q16_smem, s16):
+  def dequant_step(length, first, pt_smem, q16_smem, s16, magic):
     """The step of `dequant_in_a` over `tiles_per_step` tiles: codes * scale + zero in the A registers,
     against the fp16 query (stored once) and the fp16 probabilities: one shared-memory store and one
     commit per step (two with `once`: the scales converted to fp16 in s16 first). first: the split's
@@ -215,7 +217,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       with jax.named_scope("kmma"):
         scs = [mma(jnp.zeros((TILE, ROWS), jnp.float32),
                    plane_pairs(plgpu.load(rows(kc_s, j, TILE), layout=plgpu.Layout.WGMMA), q16_smem,
-                               rows(kz_s, j, h), rows(ks_s, j, h))) for j in range(nt)]
+                               rows(kz_s, j, h), rows(ks_s, j, h), magic)) for j in range(nt)]
       with jax.named_scope("softmax"):
         ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length)
       with jax.named_scope("vprep"):
@@ -231,12 +233,12 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         pairs = []
         for j in range(nt):
           pairs += plane_pairs(plgpu.load(rows(vc_s, j, h), layout=plgpu.Layout.WGMMA), rows(pt_smem, j, TILE),
-                               rows(vz_s, j, TILE), rows(vs_s, j, TILE))
+                               rows(vz_s, j, TILE), rows(vs_s, j, TILE), magic)
         o = mma(o * alpha[None, :], pairs)
       return o, m_new, l_new, cv
     return step
 
-  def window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, q16_smem, bar):
+  def window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, q16_smem, bar, magic):
     """The residual window's state (o [H, N], m, l [N]): ring slot i < L % 128 holds token Lq + i (key
     `k_res[i]`), slot i >= L % 128 token Lq - 128 + i (key row i of the quantized tile Lq / 128 - 1;
     present iff Lq >= 128), value `v_res[i]` either way (`window_merge`'s rule). Both key sources are
@@ -271,7 +273,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
           gcol = lambda ref: jnp.broadcast_to(gload(ref.at[bi, ki, pl.ds(tile * h + 16 * m, 16)],
                                                     plgpu.Layout.WGMMA.reduce(0)).astype(jnp.float16)[None, :],
                                               (TILE, 16))
-          return _plane_masked(words, hiw, m) * gcol(ks_g) + gcol(kz_g)
+          return _plane_masked(words, hiw, m, magic) * gcol(ks_g) + gcol(kz_g)
         sc_q = mma(jnp.zeros((TILE, ROWS), jnp.float32),
                    [(functools.partial(a, m), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)])
         sc_r = jnp.zeros((TILE, ROWS), jnp.float32)
@@ -316,11 +318,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
   def body(*refs):
     if window is None:
-      (q_g, len_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, o_g, m_g, l_g, qs_smem, pt_smem, q_smem, q16_smem,
+      (q_g, len_g, magic_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, o_g, m_g, l_g, qs_smem, pt_smem, q_smem, q16_smem,
        zsk_smem, zsv_smem, s16, bar) = refs
     else:
-      (q_g, len_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, lw_g, kres_g, vres_g, o_g, m_g, l_g, qs_smem, pt_smem,
-       q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar) = refs
+      (q_g, len_g, magic_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, lw_g, kres_g, vres_g, o_g, m_g, l_g, qs_smem,
+       pt_smem, q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar) = refs
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
     plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
     plgpu.barrier_wait(bar)
@@ -329,6 +331,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       q16_smem[...] = q_smem[...].astype(jnp.float16)
       plgpu.commit_smem()
     length = len_g[bi]
+    magic = magic_g[0].astype(jnp.uint16) if opt.opaque_magic else None
 
     def step(idx, kc_s, vc_s, ks_s, kz_s, vs_s, vz_s, carry):
       o, m_prev, l_prev, cv = carry
@@ -352,7 +355,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       with jax.named_scope("kmma"):
         words = plgpu.load(kc_s, layout=plgpu.Layout.WGMMA)
         sc = mma(jnp.zeros((TILE, ROWS), jnp.float32),
-                 extra + plane_pairs(words, qs_smem, zsk_smem if opt.fold_zeros else None)) + ck
+                 extra + plane_pairs(words, qs_smem, zsk_smem if opt.fold_zeros else None, magic=magic)) + ck
       with jax.named_scope("softmax"):
         (p,), m_new, alpha = softmax([sc], first + t, m_prev, length)
       with jax.named_scope("vprep"):
@@ -372,7 +375,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         plgpu.commit_smem()
       with jax.named_scope("vmma"):
         words = plgpu.load(vc_s, layout=plgpu.Layout.WGMMA)
-        o = mma(o * alpha[None, :], plane_pairs(words, pt_smem, zsv_smem if opt.fold_zeros else None))
+        o = mma(o * alpha[None, :], plane_pairs(words, pt_smem, zsv_smem if opt.fold_zeros else None, magic=magic))
       return o, m_new, l_new, cv
 
     acc_shape = (TILE, ROWS) if opt.lazy_sums else (ROWS,)
@@ -389,7 +392,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         first = si * steps
       steps = jnp.clip(live - first, 0, steps)
     pipe = plgpu.emit_pipeline(
-        dequant_step(length, first, pt_smem, q16_smem, s16) if opt.dequant_in_a else step, grid=(steps,),
+        dequant_step(length, first, pt_smem, q16_smem, s16, magic) if opt.dequant_in_a else step, grid=(steps,),
         max_concurrent_steps=stages, init_carry=init,
         in_specs=[plgpu.BlockSpec((nt * TILE, 16), lambda t: (first + t, 0), transforms=code_tiles),
                   plgpu.BlockSpec((nt * h, 16), lambda t: (first + t, 0), transforms=code_tiles),
@@ -409,7 +412,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       l_g[bi, ki, si] = l_f
 
     def window_program():
-      o, m_w, l_w = window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, q16_smem, bar)
+      o, m_w, l_w = window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, q16_smem, bar, magic)
       o_g[bi, ki, si] = o
       m_g[bi, ki, si] = m_w
       l_g[bi, ki, si] = l_w
@@ -442,7 +445,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       kernel_name="kvjax_mosaic_kivi2", **kw)
   tiles = s // TILE
   extra = () if window is None else (w_len, k_res, v_res)
-  return f(q_t, lengths, kc, vc.reshape(b, kh, tiles * h, 16), ks.reshape(b, kh, tiles * h),
+  magic = jnp.full((1,), 0x6400, jnp.int32)  # `Options.opaque_magic`: a constant ptxas cannot see
+  return f(q_t, lengths, magic, kc, vc.reshape(b, kh, tiles * h, 16), ks.reshape(b, kh, tiles * h),
            kz.reshape(b, kh, tiles * h), vs, vz, *extra)
 
 

@@ -41,6 +41,10 @@ class Options:
   balance: with `stop_at_length`, the splits share the steps below the length evenly (split s takes
     steps [s c, (s + 1) c), c = ceil(live steps / splits)), so a long cache holding few tokens still
     spreads them over every split; else split s keeps its fixed slice of the capacity.
+  opaque_magic: with unpack="mask", the fp16 exponent 0x6400 OR'ed into each masked plane is read from
+    memory at run time: ptxas then keeps it in one register and makes (w & mask) | it one LOP3 with the
+    mask as the immediate. As a literal, the LOP3 takes 0x6400 as its immediate and each plane's mask
+    is rematerialized into a register first (session 16's SASS: 128 MOVs in the 1114-instruction loop).
   """
   exact: bool = True
   zero_mma: bool = False
@@ -55,6 +59,7 @@ class Options:
   scales_once: bool = False
   stop_at_length: bool = False
   balance: bool = False
+  opaque_magic: bool = False
 
   def __post_init__(self):
     if self.zero_mma and not self.exact:
@@ -71,6 +76,8 @@ class Options:
       raise ValueError("unpack='mask' needs exact planes")
     if self.scales_once and not self.dequant_in_a:
       raise ValueError("scales_once needs dequant_in_a (the other presets read scales once per tile)")
+    if self.opaque_magic and self.unpack != "mask":
+      raise ValueError("opaque_magic needs unpack='mask' (the shift unpacking ORs after shifting)")
     if self.balance and not self.stop_at_length:
       raise ValueError("balance needs stop_at_length (the splits share the steps below the length)")
     if self.lag is not None and not 0 <= self.lag <= 8:
@@ -102,4 +109,7 @@ VARIANTS = {
                                      stop_at_length=True),
     "dequant_mask_s16_bal": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                     stop_at_length=True, balance=True),
+    # session 16: 0x6400 from memory (one LOP3 per masked pair of codes, no mask MOVs)
+    "dequant_mask_s16_bal_om": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
+                                       stop_at_length=True, balance=True, opaque_magic=True),
 }
