@@ -98,7 +98,7 @@ def read_dumps(d):
   return out
 
 
-def aot_args(target_config: str, b: int, ctx: int):
+def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16):
   """(q, lengths, cache, window) as shapes on one compile-only H200 of `target_config` (a GpuTargetConfig
   text proto): compiling for it needs no GPU, only the CUDA plugin and ptxas (CUDA_ROOT)."""
   from jax.experimental import topologies
@@ -106,8 +106,8 @@ def aot_args(target_config: str, b: int, ctx: int):
   on = jax.sharding.SingleDeviceSharding(topo.devices[0])
   sd = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=on)
   kh, g = dk.SHAPE.k_heads, ctx // mk.TILE
-  cache = (sd((b, kh, ctx, 16), jnp.uint16), sd((b, kh, g, 128), jnp.bfloat16), sd((b, kh, g, 128), jnp.bfloat16),
-           sd((b, kh, g, 128, 16), jnp.uint16), sd((b, kh, ctx), jnp.bfloat16), sd((b, kh, ctx), jnp.bfloat16))
+  cache = (sd((b, kh, ctx, 16), jnp.uint16), sd((b, kh, g, 128), scale_dtype), sd((b, kh, g, 128), scale_dtype),
+           sd((b, kh, g, 128, 16), jnp.uint16), sd((b, kh, ctx), scale_dtype), sd((b, kh, ctx), scale_dtype))
   ring = sd((b, kh, mk.TILE, 128), jnp.bfloat16)
   lengths = sd((b,), jnp.int32)
   return sd((b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16), lengths, cache, (lengths, ring, ring)
@@ -126,15 +126,17 @@ def main(argv=None):
   ap.add_argument("--ptxas", default="", help="with --nvdisasm: the tile loop's SASS and register life "
                   "ranges of each build (benchmarks/ptx_registers.py)")
   ap.add_argument("--nvdisasm", default="")
+  ap.add_argument("--scale-dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                  help="the caches' scales and zeros (a kvjax cache holds bf16 by default)")
   ap.add_argument("--out", required=True)
   args = ap.parse_args(argv)
   builds = parse_builds(args.builds)
   b, ctx = map(int, args.point.split(":"))
   key = jax.random.PRNGKey(0)
   if args.target_config:
-    q, lengths, cache, win = aot_args(args.target_config, b, ctx)
+    q, lengths, cache, win = aot_args(args.target_config, b, ctx, jnp.dtype(args.scale_dtype))
   else:
-    caches, nbytes, lengths = caches_for(b, ctx, key, jnp.bfloat16)
+    caches, nbytes, lengths = caches_for(b, ctx, key, jnp.dtype(args.scale_dtype))
     cache = caches[0]
     win = window_inputs(b, dk.SHAPE.k_heads, lengths, jax.random.fold_in(key, 7))
     q = jax.random.normal(jax.random.fold_in(key, 99), (b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16)
@@ -150,7 +152,8 @@ def main(argv=None):
       jax.block_until_ready(jax.jit(f)(q, lengths, cache, win))  # compiles (dumps) once
     for k in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_PTXAS"):
       os.environ.pop(k)
-    row = {"build": name, "variant": variant, "window": window, "batch": b, "context": ctx, "splits": args.splits}
+    row = {"build": name, "variant": variant, "window": window, "batch": b, "context": ctx, "splits": args.splits,
+           "scale_dtype": args.scale_dtype}
     if not args.target_config:
       def step(x, f=f):
         q, cs = x
