@@ -245,11 +245,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     scored for every slot and the slot's own picked: the quantized tile as the main loop's register A
     (codes, scales and zeros loaded from global memory right where each plane is built), the ring from
     shared memory (two halves of 64 channels) against the query split into two 16-bit terms (q = hi +
-    lo: the ring's dtype, near-f32 logits). Keeping the ring out of registers keeps the kernel at the
-    main loop's register count (session 16: 141 registers with the ring loaded into the A registers,
-    3 programs per SM instead of 4: B=8 32k 173.0 us against 134.0). The values, the transposed A of
-    the second product, pass through shared memory in two halves of 64 slots; the scopes reuse the
-    quantized tiles' buffers."""
+    lo: the ring's dtype, near-f32 logits). The values, the transposed A of the second product, pass
+    through shared memory in two halves of 64 slots; the scopes reuse the quantized tiles' buffers.
+    (Session 15 loaded the ring into the A registers. The kernel's 141 registers with the window were
+    not the ring's but `body`'s two `pl.when`s: see the `lax.cond` there.)"""
     length = lw_g[bi]
     rem = length % TILE
     lq = length - rem
