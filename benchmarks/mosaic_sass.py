@@ -1,21 +1,21 @@
 """What the Mosaic GPU KIVI-2 kernel (`pallas_kernels.gpu.mosaic_kivi`) compiles to, on a GPU: for each
 build (a variant, with or without the residual window as one more program), the registers per thread
-and spills from ptxas, the resident programs per SM they allow, the SASS of the tile loop (the longest
-backward branch: its instruction count and mix per 128-token tile), and the kernel's time alone
-(B=8, 32k, 8 splits, same caches as `mosaic_kivi_bench.py`).
+and spills from ptxas, the resident programs per SM they allow, and the kernel's time alone (B=8, 32k,
+8 splits, same caches as `mosaic_kivi_bench.py`); with --ptxas / --nvdisasm the tile loop's SASS (its
+instruction count and mix per 128-token tile, `ptx_registers.py`). With --target-config it compiles for
+an H200 on a machine without one (no timing).
 
     python3 benchmarks/mosaic_sass.py --builds 'base:dequant_mask_s16_bal;window:dequant_mask_s16_bal:window' \
         --out $OUT/mosaic_sass.json --dumps $OUT/dumps.tar.gz
 
-Mosaic GPU writes its compiler dumps (PTX, the ptxas log, SASS) to the directory named by
-MOSAIC_GPU_DUMP_TO when MOSAIC_GPU_DUMP_{PTX,PTXAS,SASS} are set (read at each compilation, so one
-directory per build here). The raw dumps go into one tarball (`--dumps`).
+Mosaic GPU writes its compiler dumps (PTX, the ptxas log) to the directory named by MOSAIC_GPU_DUMP_TO
+when MOSAIC_GPU_DUMP_{PTX,PTXAS} are set (read at each compilation, so one directory per build here).
+The raw dumps go into one tarball (`--dumps`).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import glob
 import json
 import os
@@ -31,7 +31,6 @@ import jax.numpy as jnp  # noqa: E402
 
 import decode_kernels as dk  # noqa: E402
 import ptx_registers  # noqa: E402
-from kernel_sass import main_loop, opcode, sass_instructions  # noqa: E402
 from mosaic_kivi_bench import caches_for  # noqa: E402
 from pallas_kernels.gpu import decode, mosaic_kivi as mk  # noqa: E402
 
@@ -74,27 +73,19 @@ def states_fn(variant, splits, window):
 
 
 def read_dumps(d):
-  """Registers, spills and the tile loop's SASS from one build's dump directory."""
-  text = {p: open(p, errors="replace").read() for p in sorted(glob.glob(os.path.join(d, "**", "*"), recursive=True))
-          if os.path.isfile(p)}
-  out = {"files": sorted(os.path.relpath(p, d) for p in text)}
-  for p, t in text.items():
+  """The files of one build's dump directory, and ptxas's registers and spills from its log."""
+  files = sorted(os.path.relpath(p, d) for p in glob.glob(os.path.join(d, "*")) if os.path.isfile(p))
+  out = {"files": files}
+  for name in files:
+    if not name.endswith(".ptxas"):
+      continue
+    t = open(os.path.join(d, name), errors="replace").read()
     if m := re.search(r"Used (\d+) registers", t):
       out["registers"] = int(m.group(1))
       sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", t)
       out["spill_store_bytes"], out["spill_load_bytes"] = (int(sp.group(1)), int(sp.group(2))) if sp else (None, None)
       out["ptxas_log"] = t[-2000:]
-  sass = [t for t in text.values() if re.search(r"/\*[0-9a-f]{4,}\*/\s+\w", t)]
-  if sass:
-    ins = sass_instructions(max(sass, key=len))
-    out["sass_instructions"] = len(ins)
-    loop = main_loop(ins)
-    if loop:
-      body = [t for a, t in ins if loop[0] <= a <= loop[1]]
-      out["loop_instructions"] = len(body)
-      out["loop_mix"] = dict(collections.Counter(opcode(t).split(".")[0] for t in body).most_common(24))
-  if "registers" in out:
-    out["programs_per_sm_by_registers"] = REGS_PER_SM // (-(-out["registers"] // 8) * 8 * THREADS)
+      out["programs_per_sm_by_registers"] = REGS_PER_SM // (-(-out["registers"] // 8) * 8 * THREADS)
   return out
 
 

@@ -21,7 +21,11 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_sass import opcode  # noqa: E402
 
 INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
 LABEL = re.compile(r"^(\.L_x_\d+):")
@@ -81,7 +85,7 @@ def analyze(text: str) -> dict:
   touched = {r for _, _, l in rows[i0 + 1:i1 + 1] for r, p in cols.items() if _state(l, p) in "^vx"}
   inside = [c for c in (live_count(l) for a, _, l in rows[i0:i1 + 1] if a is not None) if c is not None]
   body = [t for a, t, _ in rows[i0:i1 + 1] if a is not None]
-  mix = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
+  mix = collections.Counter(opcode(t).split(".")[0] for t in body)
   out.update(loop_instructions=len(body), loop_mix=dict(mix.most_common(16)),
              loop_peak_live=max(inside, default=0), loop_head_live=len(live),
              live_through=sorted(r for r in live if r not in touched))
