@@ -16,6 +16,7 @@ The raw dumps go into one tarball (`--dumps`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -37,15 +38,29 @@ from pallas_kernels.gpu import decode, mosaic_kivi as mk  # noqa: E402
 REGS_PER_SM, THREADS = 65536, 128  # one warpgroup per program
 
 
+def variant_options(text: str) -> mk.Options:
+  """'preset' or 'preset+field=value+...' (an `mk.Options` field over a preset: 'dequant_denorm+lag=2')."""
+  base, *edits = text.split("+")
+  if base not in mk.VARIANTS:
+    raise ValueError(f"--builds: variant must be one of {tuple(mk.VARIANTS)}, got {base!r}")
+  fields = {f.name: f for f in dataclasses.fields(mk.Options)}
+  changes = {}
+  for edit in edits:
+    key, _, val = edit.partition("=")
+    if key not in fields:
+      raise ValueError(f"--builds: {key!r} is not an Options field (one of {tuple(fields)})")
+    changes[key] = None if val == "None" else {"True": True, "False": False}.get(val, int(val) if val.isdigit() else val)
+  return dataclasses.replace(mk.VARIANTS[base], **changes)
+
+
 def parse_builds(text):
-  """'name:variant[:window];...' -> [(name, variant, window?)]."""
+  """'name:variant[:window];...' -> [(name, variant, window?)], variant as `variant_options` reads it."""
   out = []
   for item in filter(None, text.split(";")):
     parts = item.split(":")
     if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "window"):
       raise ValueError(f"--builds: each item must be name:variant[:window], got {item!r}")
-    if parts[1] not in mk.VARIANTS:
-      raise ValueError(f"--builds: variant must be one of {tuple(mk.VARIANTS)}, got {parts[1]!r}")
+    variant_options(parts[1])
     out.append((parts[0], parts[1], len(parts) == 3))
   return out
 
@@ -136,7 +151,7 @@ def main(argv=None):
     d = os.path.join(args.dump_root, name)
     os.makedirs(d, exist_ok=True)
     os.environ.update(MOSAIC_GPU_DUMP_TO=d, MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
-    f = states_fn(variant, args.splits, window)
+    f = states_fn(variant_options(variant), args.splits, window)
     if args.target_config:
       jax.jit(f).trace(q, lengths, cache, win).lower().compile()
     else:

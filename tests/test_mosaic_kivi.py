@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import test_base
-from pallas_kernels.gpu import decode, mosaic_decode, mosaic_kivi as mk
+from pallas_kernels.gpu import decode, mosaic_decode, mosaic_kivi as mk, mosaic_planes as planes
 
 
 def _case(lengths=(512, 200)):
@@ -32,35 +32,68 @@ def test_packing_puts_plane_m_at_bits_2m():
     np.testing.assert_array_equal(((vw[0, 0, 1] >> (2 * m)) & 3).T, c[0, 0, 128 + 16 * m:128 + 16 * m + 16])
 
 
+# the default's tile step over the fixed splits the reference takes (balanced splits differ per split:
+# their own merged test below): subnormal planes, 32-bit shifts, hand-placed barriers
+DENORM_FIXED = mk.Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True, shift32=True,
+                          manual_barriers=True)
+# session 16's default (0x6400 read at run time) over fixed splits
+MASK_OM_FIXED = mk.Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True, opaque_magic=True)
 # every option of `mk.Options` on and off at least once (all presets interpreted would add a minute)
 INTERPRETED = ("offset", "exact", "lean", "folded_mask", "folded_lazy_mask", "dequant_sum", "dequant2",
-               "dequant_mask_s16_stop")
+               "dequant_mask_s16_stop", DENORM_FIXED, MASK_OM_FIXED)
+_name = lambda v: {DENORM_FIXED: "denorm_fixed", MASK_OM_FIXED: "mask_om_fixed"}.get(v, v)
+_opts = lambda v: v if isinstance(v, mk.Options) else mk.VARIANTS[v]
 
 
 def test_interpreted_presets_cover_every_option():
-  # balanced splits differ from the reference's fixed ones per split: their own merged test below
   for field in dataclasses.fields(mk.Options):
-    seen = {getattr(mk.VARIANTS[v], field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT,)}
+    seen = {getattr(_opts(v), field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT,)}
     assert len(seen) >= 2, field.name
 
 
-@pytest.mark.parametrize("variant", INTERPRETED)
-@pytest.mark.parametrize("lengths,splits", [((512, 200), 2), ((0, 129), 4), ((384, 1), 1)])
-def test_states_match_reference_in_the_interpreter(lengths, splits, variant):
-  if 512 // mk.TILE // splits % mk.VARIANTS[variant].tiles_per_step:
-    pytest.skip("a split of one tile cannot take two per step (test_bad_shapes_are_refused)")
-  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
-  out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz,
-                        num_splits=splits, interpret=True, variant=variant)
-  ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=splits)
+def _check_states(out, ref, variant, tol=2e-3):
+  """unpack="denorm" rounds the keys to a floor of 2^(DENORM_LOG2 - 25) where |k| < 1 (the test's keys
+  are ~0.3): its max logits (log2) sit within 4e-3 of the reference, 0.3% in p, not 2e-3."""
   o, m, l = map(np.asarray, out)
   ro, rm, rl = map(np.asarray, ref)
   seen = rl > 0
   assert np.array_equal(l > 0, seen)  # splits past a sequence's length saw nothing
-  np.testing.assert_allclose(m[seen], rm[seen], atol=2e-3)
-  assert test_base.relative_error(l, rl) < 2e-3
-  assert test_base.relative_error(o, ro) < 2e-3  # fp16 q * s and p * s, as the Triton kernels
+  np.testing.assert_allclose(m[seen], rm[seen], atol=6e-3 if _opts(variant).unpack == "denorm" else tol)
+  assert test_base.relative_error(l, rl) < tol
+  assert test_base.relative_error(o, ro) < tol  # fp16 q * s and p * s, as the Triton kernels
   assert np.abs(o[~seen.any(-1)]).max(initial=0.0) == 0.0
+
+
+@pytest.mark.parametrize("variant", INTERPRETED, ids=_name)
+@pytest.mark.parametrize("lengths,splits", [((512, 200), 2), ((0, 129), 4), ((384, 1), 1)])
+def test_states_match_reference_in_the_interpreter(lengths, splits, variant):
+  if 512 // mk.TILE // splits % _opts(variant).tiles_per_step:
+    pytest.skip("a split of one tile cannot take two per step (test_bad_shapes_are_refused)")
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
+  out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz,
+                        num_splits=splits, interpret=True, variant=variant)
+  _check_states(out, mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=splits), variant)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
+@pytest.mark.parametrize("variant", ["dequant_mask_s16", "dequant_denorm", DENORM_FIXED],
+                         ids=_name)
+@pytest.mark.parametrize("scale_dtype", [jnp.bfloat16, jnp.float16])
+def test_states_match_reference_natively(variant, scale_dtype):
+  """The compiled kernel (Mosaic GPU on the device; `benchmarks/runs/session17_a.sh`) == the reference:
+  ragged lengths, an empty sequence, one token, a split past the length; bf16 scales converted once per
+  tile, fp16 ones read in place. The balanced preset's splits differ: merged, as the default."""
+  lengths = (512, 0, 1, 200)
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
+  ks, kz, vs, vz = (x.astype(scale_dtype) for x in (ks, kz, vs, vz))
+  args = (q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
+  out = mk.kivi2_states(*args, num_splits=2, variant=variant)
+  ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=2)
+  if _opts(variant).balance:
+    merged = lambda o, m, l: decode.combine(np.swapaxes(np.asarray(o), -1, -2), m, l, mk.ROWS)
+    assert test_base.relative_error(merged(*out), merged(*ref)) < 2e-3
+  else:
+    _check_states(out, ref, variant)
 
 
 @pytest.mark.parametrize("variant", ["dequant_mask", "dequant_mask_s16"])
@@ -150,8 +183,14 @@ def test_options_are_validated():
     mk.Options(dequant_in_a=True, fold_zeros=True)
   with pytest.raises(ValueError, match="tiles_per_step must be 1, or 2 with dequant_in_a, got 2"):
     mk.Options(tiles_per_step=2)
-  with pytest.raises(ValueError, match="unpack must be 'shift' or 'mask', got 'lut'"):
+  with pytest.raises(ValueError, match="unpack must be 'shift', 'mask' or 'denorm', got 'lut'"):
     mk.Options(unpack="lut")
+  with pytest.raises(ValueError, match="unpack='denorm' needs dequant_in_a"):
+    mk.Options(unpack="denorm")
+  with pytest.raises(ValueError, match="shift32 needs unpack='mask' or 'denorm'"):
+    mk.Options(shift32=True)
+  with pytest.raises(ValueError, match="manual_barriers needs dequant_in_a"):
+    mk.Options(manual_barriers=True)
   with pytest.raises(ValueError, match="unpack='mask' needs exact planes"):
     mk.Options(exact=False, unpack="mask")
   with pytest.raises(ValueError, match="lag must be None or 0..8 WGMMA groups in flight, got 9"):
@@ -164,13 +203,46 @@ def test_exact_planes_are_the_codes():
   words = jnp.asarray(np.random.default_rng(2).integers(0, 1 << 16, (64,)), jnp.uint16)
   w = np.asarray(words).astype(np.int64)
   for m in range(8):
-    off, ex = mk._plane(words, m), mk._plane(words, m, exact=True)
+    off, ex = planes.plane(words, m), planes.plane(words, m, exact=True)
     np.testing.assert_array_equal(np.asarray(ex, np.float32), (w >> (2 * m)) & 3)
     np.testing.assert_array_equal(np.asarray(off, np.float32), 1024 + ((w >> (2 * m)) & 3))
     for magic in (None, jnp.uint16(0x6400)):  # the literal, or the scalar read at run time (opaque_magic)
-      masked = mk._plane_masked(words, words >> 10, m, magic)
+      masked = planes.plane_masked(words, words >> 10, m, magic)
       assert masked.dtype == jnp.float16
       np.testing.assert_array_equal(np.asarray(masked, np.float32), (w >> (2 * m)) & 3)
+    # unpack="denorm": the masked word is the subnormal c 4^j 2^-24, j = m (m < 5) or m - 5
+    sub = np.asarray(planes.plane_denorm(words, words >> 10, m), np.float64)
+    j = m if m < 5 else m - 5
+    np.testing.assert_array_equal(sub * 2.0 ** 24 / 4.0 ** j, (w >> (2 * m)) & 3)
+    assert 2.0 ** planes.denorm_scale_log2(m) == 4.0 ** -j * 2.0 ** 24 / 2.0 ** mk.DENORM_LOG2
+
+
+def test_32bit_shift_leaves_planes_5_to_7_intact():
+  """`Options.shift32`: each pair of words shifted as one 32-bit word puts the high word's bits into the
+  low word's bits 6-15, never into bits 0-5, which are all planes 5-7 read."""
+  words = jnp.asarray(np.random.default_rng(3).integers(0, 1 << 16, (128, 16)), jnp.uint16)
+  pairs = np.asarray(planes.shr10_pairs(words, interpret=True)).astype(np.int64)
+  w = np.asarray(words).astype(np.int64)
+  np.testing.assert_array_equal(pairs & 63, w >> 10)
+  assert (pairs[:, 0::2] >> 6 == w[:, 1::2] & 1023).all()  # the low words do hold the high words' bits
+  np.testing.assert_array_equal(pairs[:, 1::2], w[:, 1::2] >> 10)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])  # converted once per tile / read in place
+def test_subnormal_planes_bound_the_scales(dtype):
+  """unpack="denorm" keeps (c s + z) / 2^DENORM_LOG2 in fp16: scales below 2^(DENORM_LOG2 - 8) are
+  exact to the subnormal floor; above it plane 0's scale overflows and the states are NaN, not wrong."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=(256, 200))
+  ks, kz, vs, vz = (x.astype(dtype) for x in (ks, kz, vs, vz))
+  bound = 2.0 ** (mk.DENORM_LOG2 - 8)
+  for scale, finite in ((0.9 * bound, True), (1.1 * bound, False)):
+    ks2 = ks.at[0, 0, 0, 3].set(scale / 64)  # one key channel's group in the first sequence
+    vs2 = vs.at[0, 0, 5].set(scale)  # one value token's scale
+    out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks2, kz, mk.pack_values(vc), vs2, vz, num_splits=2,
+                          interpret=True, variant=DENORM_FIXED)
+    assert np.isfinite(np.asarray(out[0][0, 0, 0])).all() == finite
+    if finite:
+      _check_states(out, mk.reference_states(q_t, ln, kc, ks2, kz, vc, vs2, vz, num_splits=2), DENORM_FIXED)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,

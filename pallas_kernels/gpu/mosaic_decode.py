@@ -40,7 +40,12 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # Session 16: the same with 0x6400 read at run time (`Options.opaque_magic`): the tile loop's SASS is 988
 # instructions instead of 1114 (benchmarks/mosaic_sass.py, compiled for an H200 on the CPU), 128 registers;
 # B=8 32k alone 133.4 -> 122.9 us (decode_parts/mosaic_sass_s16h.json), through ops 129.1 against torch 244.4.
-DEFAULT_VARIANT = "dequant_mask_s16_bal_om"
+# Session 17: the planes as fp16 subnormals (`Options(unpack="denorm")`), the planes-5-7 shift on 32-bit pairs
+# (`shift32`) and Mosaic's automatic barriers off (`manual_barriers`): the tile loop 988 -> 768 SASS
+# instructions; B=8 32k alone 122.8 -> 115.4 -> 107.8 -> 107.2 us for each step in turn
+# (decode_parts/mosaic_sass_s17a.json), 105.3 with the softmax's second mask dropped (mosaic_sass_s17c.json);
+# through ops 112.5 against torch SDPA 245.5 (2.18x, decode_s17c_kivi.json).
+DEFAULT_VARIANT = "dequant_denorm_s32_mb"
 # Where the residual window's state is made (`decode_attention`'s window). "auto": the window as one more
 # program of the Mosaic kernel wherever the kernel can take it (a `dequant_in_a` variant, 16-bit residual
 # rings), else `window_merge`'s Pallas kernel. Session 16 (H200, same run as torch SDPA,

@@ -1,9 +1,10 @@
 """KIVI-2 (G=128) decode states on Mosaic GPU (Pallas `plgpu`), dequantized codes as WGMMA's register A
 operand. `mosaic_decode` runs it over a cache in the "words" layout (`QArray.layout`, the GPU default
 for KIVI-2 G = R = H = 128), which `ops.decode_attention` dispatches there. H200, B=8 32k, Llama-3-8B
-heads: 122.9 us in the profile with `mosaic_decode.DEFAULT_VARIANT` (session 14; session 11's first
-version 192.6; torch SDPA bf16 ~240 us for the whole call); since session 15 it stops at the lengths,
-the splits sharing the live tiles (a 32k cache holding 1k tokens: 15.1 us instead of 132.5).
+heads: 105.3 us alone with `mosaic_decode.DEFAULT_VARIANT` (session 17, the planes as fp16 subnormals;
+session 16's default 122.8, session 11's first version 192.6; torch SDPA bf16 ~245 us for the whole
+call); since session 15 it stops at the lengths, the splits sharing the live tiles (a 32k cache holding
+1k tokens: 15.1 us instead of 132.5). The planes are unpacked by `mosaic_planes`.
 
 Why: the Triton kernels reach the tensor cores only through shared-memory round trips of every
 dequantized tile; KIVI-2 issues ~1.1 warp-instructions per cache byte there, and 4.5x the bf16 peer
@@ -40,7 +41,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kvjax import packing
-from pallas_kernels.gpu.mosaic_options import VARIANTS, Options
+from pallas_kernels.gpu import mosaic_planes as planes
+from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 
 __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
 
@@ -67,31 +69,6 @@ def pack_values(codes):
   b, k, s, h = codes.shape
   tiles = codes.reshape(b, k, s // TILE, TILE, h).swapaxes(-1, -2)  # [.., tile, H, 128 tokens]
   return packing.pack_words(tiles)
-
-
-def _plane(words, m: int, exact: bool = False):
-  """Plane m (bits 2m, 2m + 1) of uint16 words as fp16 (any layout; elementwise): 1024 + code, or the
-  code itself (`exact`: one fp16 subtraction of 1024 more per pair of codes; exact)."""
-  x = lax.bitcast_convert_type(
-      (lax.shift_right_logical(words, jnp.uint16(2 * m)) & jnp.uint16(3)) | jnp.uint16(0x6400), jnp.float16)
-  return x - jnp.float16(1024) if exact else x
-
-
-def _plane_masked(words, hi, m: int, magic=None):
-  """Plane m as its exact fp16 code without shifting each word per plane: for planes 0-4 the code is
-  masked in place, (w & 3 << 2m) | 0x6400 = fp16 1024 + c 4^m (mantissa bits 0-9 at exponent 10), then
-  x 4^-m - 1024 4^-m = c, both steps exact; planes 5-7 do the same from hi = w >> 10 (one shift a word).
-  magic: 0x6400 as a uint16 scalar read at run time (`Options.opaque_magic`), else the literal."""
-  src, j = (words, m) if m < 5 else (hi, m - 5)
-  x = lax.bitcast_convert_type((src & jnp.uint16(3 << 2 * j)) | (jnp.uint16(0x6400) if magic is None else magic),
-                               jnp.float16)
-  return (x * jnp.float16(4.0 ** -j) if j else x) - jnp.float16(1024 * 4.0 ** -j)
-
-
-def _zero_over_scale(z, s):
-  """z / s in fp16, 0 where s is 0 (slots never written: 0 / 0 would reach the MMA as NaN x 0)."""
-  z, s = z.astype(jnp.float32), s.astype(jnp.float32)
-  return jnp.where(s == 0.0, 0.0, z / jnp.where(s == 0.0, 1.0, s)).astype(jnp.float16)
 
 
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
@@ -166,66 +143,95 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       plgpu.wgmma_wait(0)
     return pl.run_state(scope)(plgpu.ACC.init(init))
 
-  def col(ref, m, rows):
-    """ref[16 m: 16 m + 16] (one value per k column of plane m) as fp16, broadcast over `rows` rows."""
-    return jnp.broadcast_to(ref[pl.ds(16 * m, 16)].astype(jnp.float16)[None, :], (rows, 16))
+  def col(ref, m, rows, factor=None):
+    """ref[16 m: 16 m + 16] (one value per k column of plane m) as fp16 (times `factor`), broadcast over
+    `rows` rows."""
+    v = ref[pl.ds(16 * m, 16)].astype(jnp.float16)
+    return jnp.broadcast_to((v if factor is None else v * factor)[None, :], (rows, 16))
 
   def l_update(l_prev, alpha, p):
     """l rescaled and grown by this step's p: per-thread [TILE, N] sums (`lazy_sums`) or per column."""
     return l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
 
-  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None, magic=None):
+  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None, magic=None, prescaled=False):
     """(A builder, B slab) per plane; plane m is code (* scale_ref[16 m: 16 m + 16]) (+ add_ref[16 m:
-    16 m + 16]), those [16] vectors per k column, broadcast over the rows."""
-    hi = lax.shift_right_logical(words, jnp.uint16(10)) if opt.unpack == "mask" else None
+    16 m + 16]), those [16] vectors per k column, broadcast over the rows. unpack="denorm": the planes
+    are subnormals, the scales and zeros carry the factors (`denorm_factors`), already there when
+    `prescaled` (converted once per tile), else applied to each [16] vector here."""
+    hi = None
+    if opt.unpack in ("mask", "denorm"):
+      hi = planes.shr10_pairs(words, interpret) if opt.shift32 else lax.shift_right_logical(words, jnp.uint16(10))
 
     def a(m):
-      x = _plane_masked(words, hi, m, magic) if opt.unpack == "mask" else _plane(words, m, opt.exact)
+      rows = words.shape[0]
+      if opt.unpack == "denorm":
+        f = lambda ref, e: col(ref, m, rows, None if prescaled else jnp.float16(2.0 ** e))
+        return planes.plane_denorm(words, hi, m) * f(scale_ref, planes.denorm_scale_log2(m)) + f(add_ref, -DENORM_LOG2)
+      x = planes.plane_masked(words, hi, m, magic) if opt.unpack == "mask" else planes.plane(words, m, opt.exact)
       if scale_ref is not None:
-        x = x * col(scale_ref, m, words.shape[0])
-      return x if add_ref is None else x + col(add_ref, m, words.shape[0])
+        x = x * col(scale_ref, m, rows)
+      return x if add_ref is None else x + col(add_ref, m, rows)
     return [(functools.partial(a, m), b_ref.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
 
+  denorm = opt.unpack == "denorm"
+
   def softmax(scs, first_tile, m_prev, length):
-    """Masked online softmax over consecutive tiles' [TILE, N] logits (one cross-warp max for all)."""
+    """Masked online softmax over consecutive tiles' [TILE, N] logits (one cross-warp max for all).
+    unpack="denorm": the logits come in / 2^DENORM_LOG2 (scaled back here, exactly) and the
+    probabilities go out x 2^DENORM_LOG2 (the values' A holds v / 2^DENORM_LOG2; l is divided at the end)."""
     rows = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
     oks = [(first_tile + j) * TILE + rows < length for j in range(len(scs))]
     scs = [jnp.where(ok, sc, NEG) for ok, sc in zip(oks, scs)]
-    top = functools.reduce(jnp.maximum, scs)
-    m_new = jnp.maximum(m_prev, jnp.max(top, axis=0))
+    top = jnp.max(functools.reduce(jnp.maximum, scs), axis=0)
+    k = 2.0 ** DENORM_LOG2 if denorm else 1.0
+    m_new = jnp.maximum(m_prev, top * k if denorm else top)
     alpha = jnp.exp2(m_prev - m_new)
+    if denorm:  # a masked logit is NEG 2^DENORM_LOG2 < m_new - 2^126 (m_new >= NEG): exp2 gives 0 itself
+      return [jnp.exp2(sc * k - (m_new - DENORM_LOG2)[None, :]) for sc in scs], m_new, alpha
     return [jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0) for ok, sc in zip(oks, scs)], m_new, alpha
 
   once = opt.scales_once and ks.dtype != jnp.float16
 
+  def denorm_factors(n):
+    """unpack="denorm"'s factors for n consecutive k columns (128 a tile: plane m = columns 16 m ..):
+    the scales' 2^(24 - 2j - DENORM_LOG2) (f32 [n], made from the bits: exact) and the zeros' 2^-DENORM_LOG2."""
+    m = lax.broadcasted_iota(jnp.int32, (n,), 0) // 16 % PLANES
+    e = 24 - 2 * jnp.where(m < 5, m, m - 5) - DENORM_LOG2
+    return lax.bitcast_convert_type(lax.shift_left(e + 127, 23), jnp.float32), 2.0 ** -DENORM_LOG2
+
   def dequant_step(length, first, pt_smem, q16_smem, s16, magic):
     """The step of `dequant_in_a` over `tiles_per_step` tiles: codes * scale + zero in the A registers,
     against the fp16 query (stored once) and the fp16 probabilities: one shared-memory store and one
-    commit per step (two with `once`: the scales converted to fp16 in s16 first). first: the split's
-    first step (in steps of `tiles_per_step` tiles)."""
+    commit per step (two with `once`: the scales converted to fp16 in s16 first, with unpack="denorm"
+    times their factors). first: the split's first step (in steps of `tiles_per_step` tiles)."""
     nt = opt.tiles_per_step
     rows = lambda ref, j, size: ref.at[pl.ds(size * j, size)]
+    factors = denorm_factors(nt * TILE) if denorm else (None, None)
+
+    def convert(src, f):
+      x = src[...]
+      return (x if f is None else x.astype(jnp.float32) * f).astype(jnp.float16)
 
     def step(idx, kc_s, vc_s, ks_s, kz_s, vs_s, vz_s, carry):
       o, m_prev, l_prev, cv = carry
       if once:
         with jax.named_scope("kprep"):
-          for src, dst in zip((ks_s, kz_s), s16[:2]):
-            dst[...] = src[...].astype(jnp.float16)
+          for src, dst, f in zip((ks_s, kz_s), s16[:2], factors):
+            dst[...] = convert(src, f)
           plgpu.commit_smem()
         ks_s, kz_s = s16[:2]
       with jax.named_scope("kmma"):
         scs = [mma(jnp.zeros((TILE, ROWS), jnp.float32),
                    plane_pairs(plgpu.load(rows(kc_s, j, TILE), layout=plgpu.Layout.WGMMA), q16_smem,
-                               rows(kz_s, j, h), rows(ks_s, j, h), magic)) for j in range(nt)]
+                               rows(kz_s, j, h), rows(ks_s, j, h), magic, once)) for j in range(nt)]
       with jax.named_scope("softmax"):
         ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length)
       with jax.named_scope("vprep"):
         for j, p in enumerate(ps):
           rows(pt_smem, j, TILE)[...] = p.astype(jnp.float16)
         if once:
-          for src, dst in zip((vs_s, vz_s), s16[2:]):
-            dst[...] = src[...].astype(jnp.float16)
+          for src, dst, f in zip((vs_s, vz_s), s16[2:], factors):
+            dst[...] = convert(src, f)
           vs_s, vz_s = s16[2:]
         l_new = l_update(l_prev, alpha, functools.reduce(jnp.add, ps))
         plgpu.commit_smem()
@@ -233,8 +239,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         pairs = []
         for j in range(nt):
           pairs += plane_pairs(plgpu.load(rows(vc_s, j, h), layout=plgpu.Layout.WGMMA), rows(pt_smem, j, TILE),
-                               rows(vz_s, j, TILE), rows(vs_s, j, TILE), magic)
+                               rows(vz_s, j, TILE), rows(vs_s, j, TILE), magic, once)
         o = mma(o * alpha[None, :], pairs)
+      if opt.manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
+        plgpu.commit_smem()
       return o, m_new, l_new, cv
     return step
 
@@ -272,7 +280,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
           gcol = lambda ref: jnp.broadcast_to(gload(ref.at[bi, ki, pl.ds(tile * h + 16 * m, 16)],
                                                     plgpu.Layout.WGMMA.reduce(0)).astype(jnp.float16)[None, :],
                                               (TILE, 16))
-          return _plane_masked(words, hiw, m, magic) * gcol(ks_g) + gcol(kz_g)
+          return planes.plane_masked(words, hiw, m, magic) * gcol(ks_g) + gcol(kz_g)
         sc_q = mma(jnp.zeros((TILE, ROWS), jnp.float32),
                    [(functools.partial(a, m), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)])
         sc_r = jnp.zeros((TILE, ROWS), jnp.float32)
@@ -342,7 +350,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         ck = 0.0
         extra = []
         if opt.fold_zeros:
-          zsk_smem[...] = _zero_over_scale(kz_s[...], ks_s[...])
+          zsk_smem[...] = planes.zero_over_scale(kz_s[...], ks_s[...])
         elif opt.zero_mma:  # 16 channels of the zero row, broadcast over the tile's tokens
           extra = [(functools.partial(col, kz_s, m, TILE), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
         else:
@@ -362,7 +370,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         pt16 = (p * vsc[:, None]).astype(jnp.float16)
         pt_smem[...] = pt16
         if opt.fold_zeros:
-          zsv_smem[...] = _zero_over_scale(vzr, vsc)
+          zsv_smem[...] = planes.zero_over_scale(vzr, vsc)
         elif opt.lazy_sums:  # per-thread [TILE, N] sums, reduced over the tokens once at the end
           cv = cv * alpha[None, :] + p * vzr[:, None]
         else:
@@ -406,6 +414,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         l_f = jnp.sum(l_f, axis=0)
         if not (opt.fold_zeros or opt.dequant_in_a):
           cv = jnp.sum(cv, axis=0)
+      if denorm:  # the probabilities were stored x 2^DENORM_LOG2
+        l_f = l_f * 2.0 ** -DENORM_LOG2
       o_g[bi, ki, si] = o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :]
       m_g[bi, ki, si] = m_f
       l_g[bi, ki, si] = l_f
@@ -440,7 +450,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                      [plgpu.SMEM((opt.tiles_per_step * n_,), jnp.float16) for n_ in (h, h, TILE, TILE)] if once else [],
                      plgpu.Barrier(num_arrivals=1)],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
-                                           approx_math=opt.approx_math, **prof),
+                                           approx_math=opt.approx_math,
+                                           unsafe_no_auto_barriers=opt.manual_barriers, **prof),
       kernel_name="kvjax_mosaic_kivi2", **kw)
   tiles = s // TILE
   extra = () if window is None else (w_len, k_res, v_res)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Options", "VARIANTS"]
+__all__ = ["Options", "VARIANTS", "DENORM_LOG2"]
+
+DENORM_LOG2 = 14  # unpack="denorm": A holds (c s + z) / 2^14; scales < 64 (2-bit key or value ranges < 192)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +29,17 @@ class Options:
   lazy_sums: l and the value zeros' term kept as per-thread [128, 16] sums, reduced once at the end
     (+32 registers), else a cross-warp sum each per tile.
   unpack: "shift" shifts each word per plane (uint16 shifts are scalar in PTX: session 11's PTX has 224
-    shr.u16 per tile); "mask" masks planes 0-4 in place and shifts once for 5-7 (`mosaic_kivi._plane_masked`), one
-    fp16 multiply per pair of codes instead. Needs `exact`.
+    shr.u16 per tile); "mask" masks planes 0-4 in place and shifts once for 5-7
+    (`mosaic_planes.plane_masked`), one fp16 multiply per pair of codes instead. Needs `exact`.
+    "denorm" (needs `dequant_in_a`): the masked word itself read as an fp16 subnormal,
+    (w & 3 << 2j) = c 4^j 2^-24 exactly (`mosaic_planes.plane_denorm`), its scale and zero carrying the
+    rest: A = x (s 4^-j 2^24 / 2^DENORM_LOG2) + z / 2^DENORM_LOG2 = (c s + z) / 2^DENORM_LOG2, one HFMA2
+    per pair of codes after the mask (no 0x6400 and no 1024 to remove: one fp16 op less a pair; session
+    17's SASS: 865 instructions a tile against 988). The logits are scaled back by 2^DENORM_LOG2 in f32
+    (exact), the probabilities stored as p 2^DENORM_LOG2 (l divided once at the end). Exact as "mask" but
+    for the subnormal floor, |error| <= 2^(DENORM_LOG2 - 25) on dequantized values below
+    2^(DENORM_LOG2 - 14) in magnitude (fp16's own 2^-11 relative above); a scale at or above
+    2^(DENORM_LOG2 - 8) overflows plane 0's factor and makes the states NaN (loud, not wrong).
   lag: WGMMA groups left in flight while the next plane is unpacked (each plane's registers are free
     once its group retires); None issues all planes, then waits.
   q_in_smem: the query read from shared memory every tile instead of held in 16 registers.
@@ -45,6 +56,13 @@ class Options:
     memory at run time: ptxas then keeps it in one register and makes (w & mask) | it one LOP3 with the
     mask as the immediate. As a literal, the LOP3 takes 0x6400 as its immediate and each plane's mask
     is rematerialized into a register first (session 16's SASS: 128 MOVs in the 1114-instruction loop).
+  shift32: with unpack "mask" or "denorm", w >> 10 (planes 5-7) on each register's pair of uint16 words
+    as one 32-bit shift (`mosaic_planes.shr10_pairs`): one SHF a pair instead of two scalar shifts and a
+    repack (session 17's SASS: 795 instructions a tile against 865).
+  manual_barriers: Mosaic GPU's automatic barriers off (`unsafe_no_auto_barriers`): none around each
+    shared-memory store or before each TMA refetch (20 BAR.SYNC a tile -> 5); the step's own commits and
+    the softmax's cross-warp max order every shared buffer, and one commit at the step's end lets the
+    pipeline refetch into the slot just read. Needs `dequant_in_a` (the step checked for it).
   """
   exact: bool = True
   zero_mma: bool = False
@@ -60,6 +78,8 @@ class Options:
   stop_at_length: bool = False
   balance: bool = False
   opaque_magic: bool = False
+  shift32: bool = False
+  manual_barriers: bool = False
 
   def __post_init__(self):
     if self.zero_mma and not self.exact:
@@ -70,12 +90,18 @@ class Options:
       raise ValueError("dequant_in_a needs exact planes and neither zero_mma nor fold_zeros")
     if self.tiles_per_step not in (1, 2) or self.tiles_per_step == 2 and not self.dequant_in_a:
       raise ValueError(f"tiles_per_step must be 1, or 2 with dequant_in_a, got {self.tiles_per_step}")
-    if self.unpack not in ("shift", "mask"):
-      raise ValueError(f"unpack must be 'shift' or 'mask', got {self.unpack!r}")
+    if self.unpack not in ("shift", "mask", "denorm"):
+      raise ValueError(f"unpack must be 'shift', 'mask' or 'denorm', got {self.unpack!r}")
     if self.unpack == "mask" and not self.exact:
       raise ValueError("unpack='mask' needs exact planes")
+    if self.unpack == "denorm" and not self.dequant_in_a:
+      raise ValueError("unpack='denorm' needs dequant_in_a (the subnormal planes' factors ride on the scales)")
     if self.scales_once and not self.dequant_in_a:
       raise ValueError("scales_once needs dequant_in_a (the other presets read scales once per tile)")
+    if self.shift32 and self.unpack not in ("mask", "denorm"):
+      raise ValueError("shift32 needs unpack='mask' or 'denorm' (one shift a word, by 10)")
+    if self.manual_barriers and not self.dequant_in_a:
+      raise ValueError("manual_barriers needs dequant_in_a (the step whose shared-memory hazards are checked)")
     if self.opaque_magic and self.unpack != "mask":
       raise ValueError("opaque_magic needs unpack='mask' (the shift unpacking ORs after shifting)")
     if self.balance and not self.stop_at_length:
@@ -112,4 +138,13 @@ VARIANTS = {
     # session 16: 0x6400 from memory (one LOP3 per masked pair of codes, no mask MOVs)
     "dequant_mask_s16_bal_om": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                        stop_at_length=True, balance=True, opaque_magic=True),
+    # session 17: the planes as fp16 subnormals, the 4^-j and the 1024 folded into the scales
+    "dequant_denorm": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                              stop_at_length=True, balance=True),
+    "dequant_denorm_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                                  stop_at_length=True, balance=True, shift32=True),
+    "dequant_denorm_s32_mb": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                                     stop_at_length=True, balance=True, shift32=True, manual_barriers=True),
+    "dequant_mask_s16_bal_om_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
+                                           stop_at_length=True, balance=True, opaque_magic=True, shift32=True),
 }

@@ -1,0 +1,80 @@
+"""How the Mosaic GPU KIVI-2 kernel (`mosaic_kivi.kivi2_states`) turns a register tile of uint16 words
+(8 two-bit codes each, plane m at bits 2m) into fp16 WGMMA A operands, one [rows, 16] plane at a time,
+elementwise (any layout) so the CPU interpreter runs the same code: `plane` (shift per plane),
+`plane_masked` (mask in place, the codes themselves), `plane_denorm` (mask in place, the codes as fp16
+subnormals; `Options(unpack="denorm")`), `shr10_pairs` (the shift planes 5-7 need, on 32-bit pairs)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.gpu.mosaic_options import DENORM_LOG2
+
+__all__ = ["plane", "plane_masked", "plane_denorm", "shr10_pairs", "denorm_scale_log2", "zero_over_scale"]
+
+
+def plane(words, m: int, exact: bool = False):
+  """Plane m (bits 2m, 2m + 1) of uint16 words as fp16 (any layout; elementwise): 1024 + code, or the
+  code itself (`exact`: one fp16 subtraction of 1024 more per pair of codes; exact)."""
+  x = lax.bitcast_convert_type(
+      (lax.shift_right_logical(words, jnp.uint16(2 * m)) & jnp.uint16(3)) | jnp.uint16(0x6400), jnp.float16)
+  return x - jnp.float16(1024) if exact else x
+
+
+def plane_masked(words, hi, m: int, magic=None):
+  """Plane m as its exact fp16 code without shifting each word per plane: for planes 0-4 the code is
+  masked in place, (w & 3 << 2m) | 0x6400 = fp16 1024 + c 4^m (mantissa bits 0-9 at exponent 10), then
+  x 4^-m - 1024 4^-m = c, both steps exact; planes 5-7 do the same from hi = w >> 10 (one shift a word).
+  magic: 0x6400 as a uint16 scalar read at run time (`Options.opaque_magic`), else the literal."""
+  src, j = (words, m) if m < 5 else (hi, m - 5)
+  x = lax.bitcast_convert_type((src & jnp.uint16(3 << 2 * j)) | (jnp.uint16(0x6400) if magic is None else magic),
+                               jnp.float16)
+  return (x * jnp.float16(4.0 ** -j) if j else x) - jnp.float16(1024 * 4.0 ** -j)
+
+
+def plane_denorm(words, hi, m: int):
+  """Plane m as an fp16 subnormal (`Options(unpack="denorm")`): (src & 3 << 2j) read as fp16 is exactly
+  c 4^j 2^-24 (mantissa bits only; j = m from the words for m < 5, else m - 5 from hi = w >> 10)."""
+  src, j = (words, m) if m < 5 else (hi, m - 5)
+  return lax.bitcast_convert_type(src & jnp.uint16(3 << 2 * j), jnp.float16)
+
+
+def shr10_pairs(words, interpret: bool):
+  """words >> 10 for planes 5-7 with each register's pair of uint16 words shifted as one 32-bit word
+  (`Options.shift32`): one SHF a pair, where a uint16 shift is two scalar shifts and a repack in PTX.
+  The low word's bits 6-15 then hold the high word's bits 0-9; planes 5-7 mask bits 0-5 only, so
+  their codes are those of `words >> 10`. [rows, 16] uint16 in WGMMA's layout (pairs: columns 2i,
+  2i + 1); the interpreter does the same on those pairs."""
+  if interpret:
+    lo, hi = words[:, 0::2].astype(jnp.uint32), words[:, 1::2].astype(jnp.uint32)
+    w = lax.shift_right_logical(lo | hi << 16, jnp.uint32(10))
+    return jnp.stack([w & 0xFFFF, w >> 16], axis=-1).reshape(words.shape).astype(jnp.uint16)
+  from jax._src.lib.mlir import ir  # noqa: PLC0415 (Mosaic GPU's MLIR, for the kernel only)
+  from jax._src.lib.mlir.dialects import arith  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import FragmentedArray, utils  # noqa: PLC0415
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
+                     return_type=plgpu.ShapeDtypeStruct(words.shape, jnp.uint16, layout=plgpu.Layout.WGMMA))
+  def shr(ctx, w):
+    del ctx
+    i32 = ir.IntegerType.get_signless(32)
+    ten = arith.constant(i32, 10)
+    regs = w.registers.copy()
+    for idx, r in np.ndenumerate(w.registers):
+      regs[idx] = utils.bitcast(arith.shrui(utils.bitcast(r, i32), ten), r.type)
+    return FragmentedArray(_registers=regs, _layout=w.layout, _is_signed=w.is_signed)
+  return shr(words)
+
+
+def denorm_scale_log2(m: int) -> int:
+  """log2 of the factor plane m's scales carry under unpack="denorm": 4^-j 2^24 / 2^DENORM_LOG2."""
+  return 24 - 2 * (m if m < 5 else m - 5) - DENORM_LOG2
+
+
+def zero_over_scale(z, s):
+  """z / s in fp16, 0 where s is 0 (slots never written: 0 / 0 would reach the MMA as NaN x 0)."""
+  z, s = z.astype(jnp.float32), s.astype(jnp.float32)
+  return jnp.where(s == 0.0, 0.0, z / jnp.where(s == 0.0, 1.0, s)).astype(jnp.float16)
