@@ -47,7 +47,8 @@ _opts = lambda v: v if isinstance(v, mk.Options) else mk.VARIANTS[v]
 
 def test_interpreted_presets_cover_every_option():
   for field in dataclasses.fields(mk.Options):
-    seen = {getattr(_opts(v), field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT,)}
+    # the default and min_share=4 run in test_balanced_splits_share_the_live_tiles
+    seen = {getattr(_opts(v), field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT, "dequant_denorm_s32_mb4")}
     assert len(seen) >= 2, field.name
 
 
@@ -76,11 +77,11 @@ def test_states_match_reference_in_the_interpreter(lengths, splits, variant):
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
-@pytest.mark.parametrize("variant", ["dequant_mask_s16", "dequant_denorm", DENORM_FIXED],
+@pytest.mark.parametrize("variant", [DENORM_FIXED, mosaic_decode.DEFAULT_VARIANT, "dequant_denorm_s32_mb4"],
                          ids=_name)
 @pytest.mark.parametrize("scale_dtype", [jnp.bfloat16, jnp.float16])
 def test_states_match_reference_natively(variant, scale_dtype):
-  """The compiled kernel (Mosaic GPU on the device; `benchmarks/runs/session17_a.sh`) == the reference:
+  """The compiled kernel (Mosaic GPU on the device; `benchmarks/runs/session17_{a,c,e}.sh`) == the reference:
   ragged lengths, an empty sequence, one token, a split past the length; bf16 scales converted once per
   tile, fp16 ones read in place. The balanced preset's splits differ: merged, as the default."""
   lengths = (512, 0, 1, 200)
@@ -122,22 +123,25 @@ def test_stopping_at_the_lengths_changes_no_bit():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_balanced_splits_share_the_live_tiles():
+@pytest.mark.parametrize("variant", [mosaic_decode.DEFAULT_VARIANT, "dequant_denorm_s32_mb4"])
+def test_balanced_splits_share_the_live_tiles(variant):
   """`Options.balance`: the splits share the tiles below each length (split s of 4 over a 1-tile length
-  has tile s only if s == 0; over 3 tiles, tiles s), so the per-split states differ from the fixed
-  slices but merge to the same attention; splits with no tile saw nothing (l = 0, o = 0)."""
-  lengths = (384, 129, 0, 1, 512, 200)
-  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
+  has tile s only if s == 0; over 3 tiles, tiles s), at least `min_share` tiles a split (min_share=4:
+  a 5-tile length in splits 0 and 1 only), so the per-split states differ from the fixed slices but
+  merge to the same attention; splits with no tile saw nothing (l = 0, o = 0)."""
+  lengths = (384, 129, 0, 1, 1024, 600)
+  q_t, ln, kc, ks, kz, vc, vs, vz = test_base.kivi2_unpacked_case(lengths, rows=mk.ROWS, capacity=1024)
   args = (q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
-  o, m, l = map(np.asarray, mk.kivi2_states(*args, num_splits=4, interpret=True, variant=mosaic_decode.DEFAULT_VARIANT))
+  o, m, l = map(np.asarray, mk.kivi2_states(*args, num_splits=4, interpret=True, variant=variant))
   ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=4)
   merged = lambda o, m, l: decode.combine(np.swapaxes(o, -1, -2), m, l, mk.ROWS)  # states -> attention
   assert test_base.relative_error(merged(o, m, l), merged(*ref)) < 2e-3
-  # with c = ceil(live tiles / 4) tiles a split, split s holds a token iff s c < live tiles
+  # with c = max(ceil(live tiles / 4), min_share) tiles a split, split s holds a token iff s c < live tiles
   live = -(-np.asarray(lengths) // mk.TILE)
-  share = -(-live // 4)
+  share = np.maximum(-(-live // 4), mk.VARIANTS[variant].min_share)
   holds = np.arange(4)[None, :] * share[:, None] < live[:, None]
   np.testing.assert_array_equal((l > 0).any(-1).all(1), holds)
+  assert holds.sum(1).tolist() == ([3, 2, 0, 1, 4, 3] if share.min() == 1 else [1, 1, 0, 1, 2, 2])
   assert np.abs(o[~(l > 0)[:, :, :, None, :].repeat(128, 3)]).max(initial=0.0) == 0.0
   with pytest.raises(ValueError, match="balance needs stop_at_length"):
     mk.Options(balance=True)
@@ -191,6 +195,8 @@ def test_options_are_validated():
     mk.Options(shift32=True)
   with pytest.raises(ValueError, match="manual_barriers needs dequant_in_a"):
     mk.Options(manual_barriers=True)
+  with pytest.raises(ValueError, match=r"min_share must be >= 1 \(> 1 needs balance\), got 4"):
+    mk.Options(min_share=4)
   with pytest.raises(ValueError, match="unpack='mask' needs exact planes"):
     mk.Options(exact=False, unpack="mask")
   with pytest.raises(ValueError, match="lag must be None or 0..8 WGMMA groups in flight, got 9"):

@@ -150,10 +150,15 @@ def test_default_splits():
   assert mosaic_decode.default_splits(8, 8, 256) == 8     # B=8, 32k: 512 programs
   assert mosaic_decode.default_splits(1, 8, 256) == 32    # B=1, 32k: capped at the most timed
   assert mosaic_decode.default_splits(64, 8, 256) == 1
-  assert mosaic_decode.default_splits(8, 8, 12) == 4      # the largest power of two dividing the tiles
+  assert mosaic_decode.default_splits(8, 8, 12, min_tiles=1) == 4  # the largest power of two dividing the tiles
+  assert mosaic_decode.default_splits(8, 8, 12) == 2      # ... leaving each split 4 tiles or more (session 17)
   assert mosaic_decode.default_splits(8, 8, 5) == 1
+  assert mosaic_decode.default_splits(8, 8, 8) == 2       # B=8 1k: 2 splits of 4 tiles, not 8 of 1
+  assert mosaic_decode.default_splits(1, 8, 32) == 8      # B=1 4k
+  assert mosaic_decode.default_splits(1, 8, 3) == 1
   assert mosaic_decode.default_splits(1, 8, 256, tiles_per_step=2) == 32
-  assert mosaic_decode.default_splits(1, 8, 32, tiles_per_step=2) == 16
+  assert mosaic_decode.default_splits(1, 8, 32, tiles_per_step=2) == 8
+  assert mosaic_decode.default_splits(1, 8, 32, tiles_per_step=2, min_tiles=1) == 16
 
 
 def test_module_decodes_a_words_cache_through_the_mosaic_kernel(monkeypatch):

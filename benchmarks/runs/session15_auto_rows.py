@@ -27,7 +27,7 @@ def main():
     if impl != "kvjax":
       continue
     tiles = ctx // 128
-    window = "kernel" if tiles <= 8 * md.default_splits(b, 8, tiles) else "pallas"  # session 15's rule
+    window = "kernel" if tiles <= 8 * md.default_splits(b, 8, tiles, min_tiles=1) else "pallas"  # session 15's rule
     pick = by.get(("sweep:mosaic_window=kernel", b, ctx)) if window == "kernel" else r
     rows.append(dict(pick, impl="kvjax"))
     print(f"B={b:<3d} ctx={ctx:<6d} window={window:7s} {pick['us']:8.1f} us "

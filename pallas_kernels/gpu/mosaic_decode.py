@@ -45,6 +45,9 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # instructions; B=8 32k alone 122.8 -> 115.4 -> 107.8 -> 107.2 us for each step in turn
 # (decode_parts/mosaic_sass_s17a.json), 105.3 with the softmax's second mask dropped (mosaic_sass_s17c.json);
 # through ops 112.5 against torch SDPA 245.5 (2.18x, decode_s17c_kivi.json).
+# (Preset dequant_denorm_s32_mb4 adds `Options.min_share=4`, each split at least 4 of the live tiles as
+# `default_splits` does with the capacity, for a short sequence in a long cache: interpreted and lowered,
+# not yet run on the device; benchmarks/runs/session17_e.sh is its first call.)
 DEFAULT_VARIANT = "dequant_denorm_s32_mb"
 # Where the residual window's state is made (`decode_attention`'s window). "auto": the window as one more
 # program of the Mosaic kernel wherever the kernel can take it (a `dequant_in_a` variant, 16-bit residual
@@ -67,14 +70,20 @@ def auto_window(variant: str | mk.Options, k_res_dtype, v_res_dtype) -> str:
 
 TARGET_PROGRAMS = 512  # B=8 x 8 KV heads x 8 splits: the best of 4 / 8 at 32k; 1 x 8 x 32 at B=1
 MAX_SPLITS = 32        # the most timed
+# Session 17 (H200, profiler spans of the whole call, decode_parts/session17/call4_profile_*.txt, us, by
+# splits): B=1 1k 10.9 / 12.3 / 12.3 at 2 / 4 / 8; B=8 1k 15.0 / 16.9 / 19.4; B=1 4k 29.5 / 20.1 / 15.0 /
+# 16.2 / 16.7 at 2 / 4 / 8 / 16 / 32; B=8 4k 36.9 / 29.7 / 27.6 / 30.8 at 2 / 4 / 8 / 16: 4 tiles a split.
+MIN_TILES_PER_SPLIT = 4
 
 
-def default_splits(batch: int, kv_heads: int, tiles: int, tiles_per_step: int = 1) -> int:
+def default_splits(batch: int, kv_heads: int, tiles: int, tiles_per_step: int = 1,
+                   min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
   """Splits of the context for `batch` x `kv_heads` programs over `tiles` 128-token tiles: the largest
-  power of two <= TARGET_PROGRAMS / programs (and MAX_SPLITS) that divides the tiles into whole steps."""
+  power of two <= TARGET_PROGRAMS / programs (and MAX_SPLITS) that divides the tiles into whole steps
+  and leaves each split at least `min_tiles` tiles (1 split where the tiles are fewer)."""
   ns = 1
   while (ns * 2 <= min(MAX_SPLITS, TARGET_PROGRAMS // max(1, batch * kv_heads))
-         and tiles % (ns * 2 * tiles_per_step) == 0):
+         and tiles % (ns * 2 * tiles_per_step) == 0 and tiles // (ns * 2) >= min_tiles):
     ns *= 2
   return ns
 

@@ -394,8 +394,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     first = si * steps  # this split's first step
     if opt.stop_at_length:  # only steps holding a token below the length (none past it)
       live = jnp.minimum(lax.div(length + (nt * TILE - 1), nt * TILE), num_splits * steps)
-      if opt.balance:  # the live steps shared evenly
-        steps = lax.div(live + (num_splits - 1), num_splits)
+      if opt.balance:  # the live steps shared evenly, at least min_share a split
+        steps = jnp.maximum(lax.div(live + (num_splits - 1), num_splits), opt.min_share)
         first = si * steps
       steps = jnp.clip(live - first, 0, steps)
     pipe = plgpu.emit_pipeline(

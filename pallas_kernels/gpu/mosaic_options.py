@@ -63,6 +63,9 @@ class Options:
     shared-memory store or before each TMA refetch (20 BAR.SYNC a tile -> 5); the step's own commits and
     the softmax's cross-warp max order every shared buffer, and one commit at the step's end lets the
     pipeline refetch into the slot just read. Needs `dequant_in_a` (the step checked for it).
+  min_share: with `balance`, each split takes at least this many steps of the live ones (the splits past
+    them none): a short sequence in a long cache keeps a few programs of several tiles rather than many
+    of one (session 17, H200: 4 tiles a program beat 1 or 2 at 1k and 4k, `mosaic_decode.default_splits`).
   """
   exact: bool = True
   zero_mma: bool = False
@@ -80,6 +83,7 @@ class Options:
   opaque_magic: bool = False
   shift32: bool = False
   manual_barriers: bool = False
+  min_share: int = 1
 
   def __post_init__(self):
     if self.zero_mma and not self.exact:
@@ -104,6 +108,8 @@ class Options:
       raise ValueError("manual_barriers needs dequant_in_a (the step whose shared-memory hazards are checked)")
     if self.opaque_magic and self.unpack != "mask":
       raise ValueError("opaque_magic needs unpack='mask' (the shift unpacking ORs after shifting)")
+    if self.min_share < 1 or self.min_share > 1 and not self.balance:
+      raise ValueError(f"min_share must be >= 1 (> 1 needs balance), got {self.min_share}")
     if self.balance and not self.stop_at_length:
       raise ValueError("balance needs stop_at_length (the splits share the steps below the length)")
     if self.lag is not None and not 0 <= self.lag <= 8:
@@ -145,6 +151,9 @@ VARIANTS = {
                                   stop_at_length=True, balance=True, shift32=True),
     "dequant_denorm_s32_mb": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
                                      stop_at_length=True, balance=True, shift32=True, manual_barriers=True),
+    "dequant_denorm_s32_mb4": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                                      stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
+                                      min_share=4),
     "dequant_mask_s16_bal_om_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                            stop_at_length=True, balance=True, opaque_magic=True, shift32=True),
 }
