@@ -116,3 +116,22 @@ def test_refuses_what_it_does_not_take():
   assert "group sizes and residual must be 128" in md.supports(other)
   with pytest.raises(ValueError, match="cache: format .* is not KIVI"):
     md.decode_attention(jnp.zeros((1, 4, 1, 128)), kvcache.init_cache(formats.preset("int8"), 1, 1, 256, 128))
+
+
+def test_precision_on_the_reference_lm(tmp_path):
+  """`benchmarks/mosaic_precision.py` on the shipped reference LM's real keys and values (one layer, one
+  window, interpreted): the default kernel == the library reference at bf16 level, far inside the
+  quantization's own error, and the cache's scales far under the subnormal planes' bound."""
+  import os
+  import sys
+  from kvjax.quality import reference_lm
+  if not reference_lm.available():
+    pytest.skip("no reference LM checkpoint")
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  import mosaic_precision
+  res = mosaic_precision.main(["--tokens", "256", "--windows", "1", "--layers", "1",
+                               "--variants", md.DEFAULT_VARIANT, "--out", str(tmp_path / "p.json")])
+  (row,) = res["rows"]
+  err = row[f"{md.DEFAULT_VARIANT}_rel_err"]
+  assert 0 < err < 2e-3 and row["quantization_rel_err"] > 20 * err
+  assert 0 < max(row["key_scale_max"], row["value_scale_max"]) < res["denorm_scale_bound"] / 4

@@ -1,0 +1,109 @@
+"""The Mosaic KIVI-2 kernel's arithmetic on real activations: the shipped reference LM's keys and values.
+
+Session 17 made the kernel's default read the 2-bit planes as fp16 subnormals (`Options(unpack="denorm")`:
+the scales carry 2^(10 - 2j), the dequantized values sit in A as (c s + z) / 2^14, a subnormal floor of
+2^-11 on values under 1). Random test data says little about real caches, so this runs the reference LM
+over held-out code, stores each layer's post-RoPE keys and values in a KIVI-2 G=128 "words" cache
+(`kvjax.cache.prefill`: the library's own quantization), and compares, per layer, on the same cache:
+
+  * the kernel (Mosaic GPU's CPU interpreter: the same arithmetic as the device, fp16 subnormals included)
+    with the default preset and with session 16's (`dequant_mask_s16_bal_om`, the 0x6400 path), against
+  * the library's reference (`kvjax.attention.decode_attention`, f32 over the same quantized cache),
+
+and, for scale, the quantization's own error (the reference against bf16 attention over the unquantized
+keys and values), and the largest key / value scale against the denorm bound 2^(DENORM_LOG2 - 8).
+Queries: each KV head's own keys at the last positions (real channel structure; the model's queries are
+not in the cache). Output relative L2 errors over all heads and query rows.
+
+  python benchmarks/mosaic_precision.py            # CPU, about two minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kvjax import attention, cache as kvcache, formats  # noqa: E402
+from kvjax.cache import materialize  # noqa: E402
+from kvjax.quality import reference_lm  # noqa: E402
+from pallas_kernels import test_base  # noqa: E402
+from pallas_kernels.gpu import mosaic_decode as md, mosaic_kivi as mk  # noqa: E402
+
+OLD_DEFAULT = "dequant_mask_s16_bal_om"  # session 16's
+
+
+def capture(tokens: int, windows: int, seed: int = 0):
+  """Per layer (k, v) [windows, K, tokens, H] f32 from a bf16 cache after the reference LM's prefill."""
+  model, _ = reference_lm.load()
+  held = np.load(os.path.join(reference_lm.CHECKPOINT_DIR, "heldout_tokens.npy")).astype(np.int32)
+  starts = np.random.default_rng(seed).integers(0, len(held) - tokens, windows)
+  batch = jnp.asarray(np.stack([held[s:s + tokens] for s in starts]))
+  caches = model.init_cache(windows, tokens, formats.bf16())
+  _, caches = model(batch, caches)
+  return [tuple(jnp.asarray(a, jnp.float32) for a in materialize(c)) for c in caches]
+
+
+def layer_row(k, v, queries: int, variants) -> dict:
+  """Errors of each variant, the quantization's error and the largest scales for one layer's k, v."""
+  b, kh, t, h = k.shape
+  fmt = formats.preset("kivi2_g128")
+  c = kvcache.init_cache(fmt, b, kh, t, h, kivi_layout="words")
+  c = kvcache.prefill(c, k, v, jnp.full((b,), t, jnp.int32))
+  q = k[:, :, t - queries:].reshape(b, kh * queries, 1, h)  # query head i of KV head i // queries
+  ref = np.asarray(attention.decode_attention(q, c))
+  dense = np.asarray(attention.decode_attention(
+      q, kvcache.prefill(kvcache.init_cache(formats.bf16(), b, kh, t, h), k, v, jnp.full((b,), t, jnp.int32))))
+  row = {"quantization_rel_err": test_base.relative_error(ref, dense),
+         "key_scale_max": float(jnp.max(c.k.scale.astype(jnp.float32))),
+         "value_scale_max": float(jnp.max(c.v.scale.astype(jnp.float32))),
+         "key_abs_max": float(jnp.max(jnp.abs(k))), "value_abs_max": float(jnp.max(jnp.abs(v)))}
+  for name in variants:
+    out = np.asarray(md.decode_attention(q, c, variant=name, interpret=True))
+    row[f"{name}_rel_err"] = test_base.relative_error(out, ref)
+  return row
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--tokens", type=int, default=1024, help="context per window (a multiple of 128)")
+  ap.add_argument("--windows", type=int, default=2, help="held-out windows (the batch)")
+  ap.add_argument("--queries", type=int, default=2, help="query heads per KV head (the model's: 2)")
+  ap.add_argument("--layers", default="", help="comma-separated layers (default: all)")
+  ap.add_argument("--variants", default=f"{md.DEFAULT_VARIANT},{OLD_DEFAULT}")
+  ap.add_argument("--out", default="benchmarks/results/mosaic_precision.json")
+  args = ap.parse_args(argv)
+  if args.tokens % mk.TILE:
+    raise ValueError(f"--tokens must be a multiple of {mk.TILE}, got {args.tokens}")
+  variants = [v for v in args.variants.split(",") if v]
+  kv = capture(args.tokens, args.windows)
+  layers = [int(x) for x in args.layers.split(",") if x] or list(range(len(kv)))
+  rows = []
+  for layer in layers:
+    row = {"layer": layer, **layer_row(*kv[layer], args.queries, variants)}
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  result = {"command": "python benchmarks/mosaic_precision.py " + " ".join(argv or sys.argv[1:]),
+            "tokens": args.tokens, "windows": args.windows, "denorm_scale_bound": 2.0 ** (mk.DENORM_LOG2 - 8),
+            "variants": variants, "rows": rows}
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as fh:
+    json.dump(result, fh, indent=1)
+  head = " | ".join(f"{v} vs reference" for v in variants)
+  print(f"| layer | {head} | quantization (reference vs bf16) | key / value scale max |")
+  print("|---" * (3 + len(variants)) + "|")
+  for r in rows:
+    errs = " | ".join(f"{r[f'{v}_rel_err']:.2e}" for v in variants)
+    print(f"| {r['layer']} | {errs} | {r['quantization_rel_err']:.2e} | {r['key_scale_max']:.2f} / "
+          f"{r['value_scale_max']:.2f} |")
+  return result
+
+
+if __name__ == "__main__":
+  main()
