@@ -186,7 +186,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     k = 2.0 ** DENORM_LOG2 if denorm else 1.0
     m_new = jnp.maximum(m_prev, top * k if denorm else top)
     alpha = jnp.exp2(m_prev - m_new)
-    if denorm:  # a masked logit is NEG 2^DENORM_LOG2 < m_new - 2^126 (m_new >= NEG): exp2 gives 0 itself
+    if denorm:  # a masked logit gives sc k - m_new <= NEG 2^DENORM_LOG2 - NEG < -1e34 (m_new >= NEG): exp2 is 0
       return [jnp.exp2(sc * k - (m_new - DENORM_LOG2)[None, :]) for sc in scs], m_new, alpha
     return [jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0) for ok, sc in zip(oks, scs)], m_new, alpha
 
