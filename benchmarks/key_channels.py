@@ -17,11 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kvjax import formats  # noqa: E402
-from kvjax.cache import materialize  # noqa: E402
 from kvjax.quality import reference_lm  # noqa: E402
 
 
@@ -34,15 +31,9 @@ def channel_stats(x: np.ndarray) -> dict:
 
 
 def main(out="benchmarks/results/key_channels.json", tokens=2048, windows=2):
-  model, _ = reference_lm.load()
-  held = np.load(os.path.join(reference_lm.CHECKPOINT_DIR, "heldout_tokens.npy")).astype(np.int32)
-  rng = np.random.default_rng(0)
-  batch = jnp.asarray(np.stack([held[s:s + tokens] for s in rng.integers(0, len(held) - tokens, windows)]))
-  caches = model.init_cache(windows, tokens, formats.bf16())
-  _, caches = model(batch, caches)
+  kv = reference_lm.heldout_kv(tokens, windows)
   rows = []
-  for layer, c in enumerate(caches):
-    k, v = (np.asarray(a) for a in materialize(c))
+  for layer, (k, v) in enumerate(kv):
     for head in range(k.shape[1]):
       rows.append({"layer": layer, "kv_head": head,
                    "keys": channel_stats(k[:, head].reshape(-1, k.shape[-1])),

@@ -31,23 +31,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kvjax import attention, cache as kvcache, formats  # noqa: E402
-from kvjax.cache import materialize  # noqa: E402
 from kvjax.quality import reference_lm  # noqa: E402
 from pallas_kernels import test_base  # noqa: E402
 from pallas_kernels.gpu import mosaic_decode as md, mosaic_kivi as mk  # noqa: E402
 
 OLD_DEFAULT = "dequant_mask_s16_bal_om"  # session 16's
-
-
-def capture(tokens: int, windows: int, seed: int = 0):
-  """Per layer (k, v) [windows, K, tokens, H] f32 from a bf16 cache after the reference LM's prefill."""
-  model, _ = reference_lm.load()
-  held = np.load(os.path.join(reference_lm.CHECKPOINT_DIR, "heldout_tokens.npy")).astype(np.int32)
-  starts = np.random.default_rng(seed).integers(0, len(held) - tokens, windows)
-  batch = jnp.asarray(np.stack([held[s:s + tokens] for s in starts]))
-  caches = model.init_cache(windows, tokens, formats.bf16())
-  _, caches = model(batch, caches)
-  return [tuple(jnp.asarray(a, jnp.float32) for a in materialize(c)) for c in caches]
 
 
 def layer_row(k, v, queries: int, variants) -> dict:
@@ -82,7 +70,7 @@ def main(argv=None):
   if args.tokens % mk.TILE:
     raise ValueError(f"--tokens must be a multiple of {mk.TILE}, got {args.tokens}")
   variants = [v for v in args.variants.split(",") if v]
-  kv = capture(args.tokens, args.windows)
+  kv = [tuple(map(jnp.asarray, pair)) for pair in reference_lm.heldout_kv(args.tokens, args.windows)]
   layers = [int(x) for x in args.layers.split(",") if x] or list(range(len(kv)))
   rows = []
   for layer in layers:

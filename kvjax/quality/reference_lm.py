@@ -12,7 +12,7 @@ import os
 
 from kvjax.models.config import DecoderConfig
 
-__all__ = ["reference_config", "ASSET_DIR", "TOKENIZER_PATH", "CHECKPOINT_DIR", "available", "load"]
+__all__ = ["reference_config", "ASSET_DIR", "TOKENIZER_PATH", "CHECKPOINT_DIR", "available", "load", "heldout_kv"]
 
 ASSET_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
 TOKENIZER_PATH = os.path.join(ASSET_DIR, "code_bpe_4096.json")
@@ -40,3 +40,19 @@ def load(**config_overrides):
     raise FileNotFoundError(f"no reference LM checkpoint in {CHECKPOINT_DIR}: train it with "
                             "`python benchmarks/train_reference_lm.py`")
   return checkpoint.load(CHECKPOINT_DIR, **config_overrides), tokenizer.load(TOKENIZER_PATH)
+
+
+def heldout_kv(tokens: int, windows: int, seed: int = 0):
+  """Every layer's post-RoPE keys and values on held-out code: `windows` random windows of `tokens`
+  tokens run through the shipped model into a bf16 cache; a list of (k, v) [windows, K, tokens, H]
+  float32 numpy arrays, one per layer."""
+  import jax.numpy as jnp
+  import numpy as np
+  from kvjax import formats
+  from kvjax.cache import materialize
+  model, _ = load()
+  held = np.load(os.path.join(CHECKPOINT_DIR, "heldout_tokens.npy")).astype(np.int32)
+  starts = np.random.default_rng(seed).integers(0, len(held) - tokens, windows)
+  batch = jnp.asarray(np.stack([held[s:s + tokens] for s in starts]))
+  _, caches = model(batch, model.init_cache(windows, tokens, formats.bf16()))
+  return [tuple(np.asarray(a, np.float32) for a in materialize(c)) for c in caches]
