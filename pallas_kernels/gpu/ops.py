@@ -18,6 +18,7 @@ import numpy as np
 from kvjax.cache import KVCache
 from kvjax.formats import FP8Spec, IntSpec, Passthrough
 from pallas_kernels.gpu import decode, kivi, merge, mosaic_decode, mosaic_kivi
+from pallas_kernels.gpu import mosaic_fp8 as mfp8
 
 __all__ = ["decode_attention", "plan_for", "default_splits", "quant_target", "tiled_splits", "default_warps"]
 
@@ -297,6 +298,33 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
                             num_warps=num_warps, num_stages=num_stages, interpret=interpret)
 
 
+# FP8 through the Mosaic GPU kernel (`mosaic_fp8`, session 18): compiled for an H200 on the CPU and checked in
+# the interpreter, not yet timed on the device, so the Triton kernel stays the default (`mosaic_fp8=True`
+# asks for it; benchmarks/runs/session18_a.sh is its first device call).
+MOSAIC_FP8 = False
+
+
+def _triton_only(triton_options, what):
+  """NotImplementedError where Triton-kernel options were set for a cache that goes to a Mosaic kernel."""
+  set_opts = sorted(k for k, v in triton_options.items() if v is not None)
+  if set_opts:
+    raise NotImplementedError(f"pallas_gpu: options {set_opts} tune the Triton kernels, not {what}")
+
+
+def _mosaic_fp8_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, triton_options):
+  """An FP8 cache (per-token scales, tiled values) through `mosaic_fp8`; NotImplementedError otherwise."""
+  if (why := mfp8.supports(cache)) is not None:
+    raise NotImplementedError(f"pallas_gpu: mosaic_fp8: {why}")
+  _triton_only(triton_options, "the Mosaic FP8 kernel")
+  if softcap or window is not None:
+    raise NotImplementedError("pallas_gpu: the Mosaic FP8 kernel has no logit soft-cap or sliding window")
+  b, n, t, h = q.shape
+  if n // cache.num_kv_heads * t > mfp8.ROWS:
+    raise NotImplementedError(f"pallas_gpu: the Mosaic FP8 kernel takes at most {mfp8.ROWS} query rows "
+                              f"(heads per KV head x tokens) per KV head, got q {q.shape}")
+  return mfp8.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits, interpret=interpret)
+
+
 def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, mosaic_window,
                       triton_options):
   """A "words" KIVI-2 cache through `mosaic_decode` (query heads per KV head x tokens <= 16,
@@ -304,10 +332,7 @@ def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits
   mosaic_window: `mosaic_decode.decode_attention`'s window (where the residual window's state is made)."""
   if (why := mosaic_decode.supports(cache)) is not None:
     raise NotImplementedError(f"pallas_gpu: 'words' KIVI cache: {why}")
-  set_opts = sorted(k for k, v in triton_options.items() if v is not None)
-  if set_opts:
-    raise NotImplementedError(f"pallas_gpu: options {set_opts} tune the Triton kernels, not the Mosaic "
-                              "KIVI-2 kernel a 'words' cache goes to")
+  _triton_only(triton_options, "the Mosaic KIVI-2 kernel a 'words' cache goes to")
   if softcap or window is not None:
     raise NotImplementedError("pallas_gpu: the Mosaic KIVI-2 kernel has no logit soft-cap or sliding window")
   b, n, t, h = q.shape
@@ -322,7 +347,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
                      interpret=None, num_splits=None, block=None, num_warps=None,
                      num_stages=None, narrow_qk=None, narrow_pv=None, join_values=None,
                      tile_loop=None, prefetch=None, packed_unpack=None, pallas_merge=None,
-                     fold_value_scales=None, mosaic_window=None):
+                     fold_value_scales=None, mosaic_window=None, mosaic_fp8=None):
   """Fused decode attention of q [B, N, T, H] over a quantized cache (same contract as
   `kvjax.attention.decode_attention`).
 
@@ -330,7 +355,9 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   (`decode.combine`, the reference). None: on a GPU `merge_in_kernel`, else XLA. On a "words" KIVI-2
   cache (the Mosaic kernel): False puts the residual window and the merge in XLA (mosaic_window "xla").
   mosaic_window: on a "words" KIVI-2 cache, where the residual window's state is computed
-  (`mosaic_decode.WINDOWS`; None: `mosaic_decode.DEFAULT_WINDOW`, or "xla" with pallas_merge=False)."""
+  (`mosaic_decode.WINDOWS`; None: `mosaic_decode.DEFAULT_WINDOW`, or "xla" with pallas_merge=False).
+  mosaic_fp8: an FP8 cache (per-token scales, values in tiles) through the Mosaic GPU kernel (`mosaic_fp8`)
+  instead of Triton's; None: MOSAIC_FP8. Other caches: an error if True."""
   if window is not None and (int(window) != window or window < 1):
     raise ValueError(f"window must be a positive integer or None, got {window!r}")
   if cache.num_layers is not None:
@@ -344,14 +371,19 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
                      f"got {q.shape}")
   rep = n // kh
   rows = rep * t
+  triton_options = dict(block=block, num_warps=num_warps, num_stages=num_stages, narrow_qk=narrow_qk,
+                        narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop, prefetch=prefetch,
+                        packed_unpack=packed_unpack, fold_value_scales=fold_value_scales)
+  if mosaic_fp8 or (mosaic_fp8 is None and MOSAIC_FP8 and mfp8.supports(cache) is None):
+    if mosaic_window is not None:
+      raise NotImplementedError(f"pallas_gpu: mosaic_window={mosaic_window!r} applies to 'words' KIVI-2 caches")
+    return _mosaic_fp8_attention(q, cache, sm_scale, logit_softcap, window, interpret, num_splits,
+                                 {**triton_options, "pallas_merge": pallas_merge})
   if cache.k.layout == "words":  # the Mosaic KIVI-2 kernel's code layout (cache.default_kivi_layout)
     if mosaic_window is None:
       mosaic_window = "xla" if pallas_merge is False else mosaic_decode.DEFAULT_WINDOW
     return _mosaic_attention(q, cache, sm_scale, logit_softcap, window, interpret, num_splits, mosaic_window,
-                             dict(block=block, num_warps=num_warps, num_stages=num_stages, narrow_qk=narrow_qk,
-                                  narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop,
-                                  prefetch=prefetch, packed_unpack=packed_unpack,
-                                  fold_value_scales=fold_value_scales))
+                             triton_options)
   if mosaic_window is not None:
     raise NotImplementedError(f"pallas_gpu: mosaic_window={mosaic_window!r} applies to 'words' KIVI-2 caches "
                               f"(the Mosaic kernel), not {cache.fmt}")

@@ -1,0 +1,288 @@
+"""FP8 (e4m3 / e5m2, one scale per token) decode states on Mosaic GPU (Pallas `plgpu`), the codes upcast
+to fp16 as WGMMA's register A operand. Session 18: written and checked on the CPU (the interpreter, and
+compiled for an H200 there); not yet timed on the device, so `ops` takes it only when asked
+(``mosaic_fp8=True``).
+
+Why: the Triton FP8 kernel reads at ~0.93 of the stream alone, but through `ops` the call is at 0.86
+(B=8 32k: 142.7 us against torch SDPA's 245.5, 1.72x; the target is 1.85x): its merge and query
+preparation are separate launches. The Mosaic KIVI-2 kernel's call costs ~0.3 us more than the kernel
+(B=8 32k, session 17). This is that structure for FP8: one warpgroup per (sequence, KV head, split), the
+transposed problem with tokens on WGMMA's M axis,
+
+  S^T [128 tok, N] = K [128 tok, H] . q^T [H, N]          (then x the keys' per-token scale, per row)
+  O^T [H, N]      += V^T [H, 128 tok] . (p * s_v)^T [128 tok, N]
+
+with K and V^T read from TMA-filled shared memory in 16-column slabs and converted e4m3 / e5m2 -> fp16
+(one cvt per pair of codes) right before each WGMMA; q and p * s_v are the fp16 B operands, as in the
+Triton kernels (fp16 logits, not the 8-bit dots those kernels measured slower). The cache's layouts as
+stored: keys [B, K, S, H] (token rows, the A operand's K-major rows), values in tiles of `value_tile`
+tokens each stored as its [H, T] transpose (`kvjax.cache.VALUE_TILE`, the GPU default), scales [B, K, S].
+The splits share the live steps as `mosaic_kivi`'s balanced presets do (`mosaic_decode`'s rule).
+Per 128-token tile a thread converts 128 codes and issues 32 WGMMAs: ~0.02 instructions per cache byte
+against the KIVI-2 kernel's ~0.1 (`benchmarks/mosaic_sass.py --kernel fp8`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from kvjax.formats import FP8Spec
+from pallas_kernels.gpu import decode, mosaic_decode, mosaic_kivi as mk
+
+__all__ = ["TILE", "ROWS", "Fp8Options", "fp8_states", "reference_states", "supports", "decode_attention",
+           "splits_for", "TARGET_PROGRAMS"]
+
+TILE = 128          # tokens per pipeline step
+ROWS = mk.ROWS      # query rows (WGMMA's N), padded
+SLAB = 16           # k columns per WGMMA (fp16)
+FP8_TYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
+NEG = mk.NEG
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Options:
+  """How `fp8_states` builds its step.
+
+  stages: pipeline stages (TMA copies in flight per program; 32 KB of codes a stage).
+  lag: WGMMA groups left in flight while the next slab is converted (None: all issued, then waited).
+  min_share: each split takes at least this many of the live steps (the splits past them none).
+  manual_barriers: Mosaic GPU's automatic barriers off; the step's commits order its shared buffers
+    (as `mosaic_kivi.Options.manual_barriers`).
+  lazy_sums: l kept as per-thread [TILE, N] sums, reduced once at the end.
+  approx_math: ex2.approx.
+  """
+  stages: int = 2
+  lag: int | None = 1
+  min_share: int = 1
+  manual_barriers: bool = True
+  lazy_sums: bool = True
+  approx_math: bool = True
+
+  def __post_init__(self):
+    if not 1 <= self.stages <= 4:
+      raise ValueError(f"stages must be in [1, 4], got {self.stages}")
+    if self.lag is not None and not 0 <= self.lag <= 8:
+      raise ValueError(f"lag must be None or 0..8 WGMMA groups in flight, got {self.lag}")
+    if self.min_share < 1:
+      raise ValueError(f"min_share must be >= 1, got {self.min_share}")
+
+
+def wgmma_sum(init, pairs, *, lag, interpret):
+  """init + sum of a() . b_ref over (a, b_ref) pairs, a() building a [rows, 16] register A operand right
+  before its WGMMA, at most `lag` groups left in flight (interpret mode: jnp.dot, same arithmetic)."""
+  if interpret:
+    for a, b_ref in pairs:
+      init = init + jnp.dot(a().astype(jnp.float32), b_ref[...].astype(jnp.float32))
+    return init
+
+  def scope(acc):
+    for i, (a, b_ref) in enumerate(pairs):
+      plgpu.wgmma(acc, a(), b_ref)
+      if lag is not None and i >= lag:
+        plgpu.wgmma_wait(lag)
+    plgpu.wgmma_wait(0)
+  return pl.run_state(scope)(plgpu.ACC.init(init))
+
+
+def balanced_range(length, si, *, num_splits: int, tile: int, capacity_steps: int, min_share: int):
+  """(first, steps) of split si: the steps holding a token below `length` shared evenly, at least
+  `min_share` a split (those past the live ones: none)."""
+  live = jnp.minimum(lax.div(length + (tile - 1), tile), capacity_steps)
+  per = jnp.maximum(lax.div(live + (num_splits - 1), num_splits), min_share)
+  first = si * per
+  return first, jnp.clip(live - first, 0, per)
+
+
+def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int = 64, num_queries: int = 1,
+               interpret: bool = False, options: Fp8Options = Fp8Options()):
+  """Per-split flash-decoding states of FP8 attention with per-token scales.
+
+  q_t [B, K, H, 16] f32 (queries transposed, times softmax scale x log2 e, rows padded to 16; row r is
+  query token r % num_queries, at position L - num_queries + r % num_queries: causal among them);
+  lengths [B] int32; k [B, K, S, H] float8_e4m3fn / float8_e5m2; ks [B, K, S] (bf16, fp16 or f32);
+  v [B, K, S, H] FP8 with each `value_tile`-token tile stored as its [H, value_tile] transpose (as the
+  cache's tiled value layout); vs [B, K, S]. H = 128. Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16])
+  in f32, m and l in the log2 domain (`decode.combine` merges them)."""
+  b, kh, h, n = q_t.shape
+  s = k.shape[2]
+  if h != 128 or n != ROWS:
+    raise ValueError(f"q_t must be [B, K, 128, {ROWS}], got {q_t.shape}")
+  if value_tile not in (16, 32, 64, 128):
+    raise ValueError(f"value_tile must be 16, 32, 64 or 128 (dividing the {TILE}-token step), got {value_tile}")
+  if num_splits < 1 or s % TILE:
+    raise ValueError(f"the capacity {s} must be a multiple of {TILE} and num_splits >= 1, got {num_splits}")
+  if not 1 <= num_queries <= ROWS:
+    raise ValueError(f"num_queries must be in [1, {ROWS}], got {num_queries}")
+  for name, arr, shape in (("k", k, (b, kh, s, h)), ("v", v, (b, kh, s, h)), ("ks", ks, (b, kh, s)),
+                           ("vs", vs, (b, kh, s)), ("lengths", lengths, (b,))):
+    if arr.shape != shape:
+      raise ValueError(f"{name} must be {shape}, got {arr.shape}")
+  for name, arr in (("k", k), ("v", v)):
+    if arr.dtype not in FP8_TYPES:
+      raise ValueError(f"{name} must be float8_e4m3fn or float8_e5m2, got {arr.dtype}")
+  opt = options
+  steps_cap = s // TILE
+  vt_per_step = TILE // value_tile
+  swz = plgpu.find_swizzle(ROWS * 16, "rhs")
+  b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
+  code_tiles = (plgpu.TilingTransform((8, SLAB)),)  # 8-bit [rows, 16]: a slab is whole tiles
+  mma = functools.partial(wgmma_sum, lag=opt.lag, interpret=interpret)
+
+  def slab(ref):
+    """A [rows, 16] FP8 slab of shared memory as fp16 in WGMMA's A layout."""
+    x = ref[...] if interpret else plgpu.load(ref, (), layout=plgpu.Layout.WGMMA, optimized=False)
+    return x.astype(jnp.float16)
+
+  def body(q_g, len_g, k_g, v_g, ks_g, vs_g, o_g, m_g, l_g, q_smem, q16_smem, pt_smem, bar):
+    bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
+    plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
+    plgpu.barrier_wait(bar)
+    q16_smem[...] = q_smem[...].astype(jnp.float16)
+    plgpu.commit_smem()
+    length = len_g[bi]
+    first, steps = balanced_range(length, si, num_splits=num_splits, tile=TILE, capacity_steps=steps_cap,
+                                  min_share=opt.min_share)
+    col = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 1)
+    qpos = length - num_queries + col % num_queries  # each query row's position (causal)
+
+    def step(idx, k_s, v_s, ks_s, vs_s, carry):
+      o, m_prev, l_prev = carry
+      with jax.named_scope("kmma"):
+        sc = mma(jnp.zeros((TILE, ROWS), jnp.float32),
+                 [(functools.partial(lambda m: slab(k_s.at[:, pl.ds(SLAB * m, SLAB)]), m),
+                   q16_smem.at[pl.ds(SLAB * m, SLAB)]) for m in range(h // SLAB)])
+      with jax.named_scope("softmax"):
+        sc = sc * ks_s[...].astype(jnp.float32)[:, None]
+        tok = (first + idx[0]) * TILE + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
+        ok = tok <= qpos
+        sc = jnp.where(ok, sc, NEG)
+        m_new = jnp.maximum(m_prev, jnp.max(sc, axis=0))
+        alpha = jnp.exp2(m_prev - m_new)
+        p = jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0)
+        l_new = l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
+      with jax.named_scope("vprep"):
+        pt_smem[...] = (p * vs_s[...].astype(jnp.float32)[:, None]).astype(jnp.float16)
+        plgpu.commit_smem()
+      with jax.named_scope("vmma"):
+        per = value_tile // SLAB
+        pairs = [(functools.partial(lambda j: slab(v_s.at[pl.ds(j // per * h, h), pl.ds(j % per * SLAB, SLAB)]), j),
+                  pt_smem.at[pl.ds(SLAB * j, SLAB)]) for j in range(TILE // SLAB)]
+        o = mma(o * alpha[None, :], pairs)
+      if opt.manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
+        plgpu.commit_smem()
+      return o, m_new, l_new
+
+    l_shape = (TILE, ROWS) if opt.lazy_sums else (ROWS,)
+    init = (jnp.zeros((h, ROWS), jnp.float32), jnp.full((ROWS,), NEG, jnp.float32), jnp.zeros(l_shape, jnp.float32))
+    pipe = plgpu.emit_pipeline(
+        step, grid=(steps,), max_concurrent_steps=opt.stages, init_carry=init,
+        in_specs=[plgpu.BlockSpec((TILE, h), lambda t: (first + t, 0), transforms=code_tiles),
+                  plgpu.BlockSpec((vt_per_step * h, value_tile), lambda t: (first + t, 0), transforms=code_tiles),
+                  plgpu.BlockSpec((TILE,), lambda t: (first + t,)),
+                  plgpu.BlockSpec((TILE,), lambda t: (first + t,))])
+    o, m_f, l_f = pipe(k_g.at[bi, ki], v_g.at[bi, ki], ks_g.at[bi, ki], vs_g.at[bi, ki])
+    o_g[bi, ki, si] = o
+    m_g[bi, ki, si] = m_f
+    l_g[bi, ki, si] = jnp.sum(l_f, axis=0) if opt.lazy_sums else l_f
+
+  kw = {"interpret": plgpu.InterpretGPUParams()} if interpret else {}
+  f = plgpu.kernel(
+      body,
+      out_type=(jax.ShapeDtypeStruct((b, kh, num_splits, h, ROWS), jnp.float32),
+                jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32),
+                jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32)),
+      grid=(b, kh, num_splits), grid_names=("b", "k", "s"),
+      scratch_types=[plgpu.SMEM((h, ROWS), jnp.float32),
+                     plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
+                     plgpu.SMEM((TILE, ROWS), jnp.float16, transforms=b_tiles),
+                     plgpu.Barrier(num_arrivals=1)],
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
+                                           approx_math=opt.approx_math,
+                                           unsafe_no_auto_barriers=opt.manual_barriers),
+      kernel_name="kvjax_mosaic_fp8", **kw)
+  v_rows = v.reshape(b, kh, s // value_tile * h, value_tile)  # each tile's bytes as its [H, T] rows: free
+  return f(q_t, lengths, k, v_rows, ks, vs)
+
+
+@functools.partial(jax.jit, static_argnames=("num_splits", "value_tile", "num_queries"))
+def reference_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int = 64, num_queries: int = 1):
+  """jnp reference of `fp8_states` in f32 (v in the tiled layout, as the kernel takes it), each split a
+  fixed slice of S / num_splits tokens: merged (`decode.combine`), equal to the kernel's balanced states."""
+  f32 = lambda x: x.astype(jnp.float32)
+  b, kh, s, h = k.shape
+  vf = v.reshape(b, kh, s // value_tile, h, value_tile).swapaxes(-1, -2).reshape(b, kh, s, h)
+  kf, vf = f32(k) * f32(ks)[..., None], f32(vf) * f32(vs)[..., None]
+  sc = jnp.einsum("bksh,bkhn->bksn", kf, f32(q_t))
+  qpos = lengths[:, None] - num_queries + jnp.arange(ROWS)[None, :] % num_queries  # [B, N]
+  ok = (jnp.arange(s)[None, :, None] <= qpos[:, None, :])[:, None]  # [B, 1, S, N]
+  sc = jnp.where(ok, sc, NEG).reshape(b, kh, num_splits, s // num_splits, -1)
+  m = jnp.max(sc, axis=3)
+  p = jnp.where(ok.reshape(b, 1, num_splits, -1, ROWS), jnp.exp2(sc - m[:, :, :, None]), 0.0)
+  o = jnp.einsum("bkjsh,bkjsn->bkjhn", vf.reshape(b, kh, num_splits, s // num_splits, h), p)
+  return o, m, jnp.sum(p, axis=3)
+
+
+# Programs to aim for (`splits_for`): the kernel holds 2 programs per SM (shared memory: 2 stages of 32 KB
+# codes); one wave of them on an H200. Untimed (session 18): the first device call sweeps the splits.
+TARGET_PROGRAMS = 2 * 132
+
+
+def splits_for(batch: int, kv_heads: int, capacity: int) -> int:
+  """`mosaic_decode.default_splits` at this kernel's TARGET_PROGRAMS: at least 4 tiles a split."""
+  return mosaic_decode.default_splits(batch, kv_heads, capacity // TILE, target=TARGET_PROGRAMS)
+
+
+def supports(cache) -> str | None:
+  """None when `decode_attention` takes this cache, else why not."""
+  fmt = cache.fmt
+  for role, spec in (("key", fmt.key), ("value", fmt.value)):
+    if not isinstance(spec, FP8Spec) or spec.static:
+      return f"{role}s must be FP8 with per-token scales, got {spec}"
+  if cache.v.tile not in (16, 32, 64, 128):
+    return f"values must be stored in tiles of 16-128 tokens (`init_cache(value_tile=...)`), got {cache.v.tile}"
+  if cache.head_dim != 128 or cache.capacity % TILE:
+    return f"head_dim must be 128 and the capacity a multiple of {TILE}, got {cache.head_dim}, {cache.capacity}"
+  if cache.num_layers is not None:
+    return "one layer at a time (index the stacked cache)"
+  return None
+
+
+def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
+                     interpret: bool = False, options: Fp8Options = Fp8Options()):
+  """q [B, N, T, H] -> [B, N, T, H] attention over an FP8 cache (per-token scales, tiled values): T query
+  tokens at positions L - T + t (causal among them), N / K x T <= 16 rows per KV head. The semantics of
+  `kvjax.attention.decode_attention` (no soft-cap, no sliding window)."""
+  if (why := supports(cache)) is not None:
+    raise ValueError(f"cache: {why}")
+  kh = cache.num_kv_heads
+  if q.ndim != 4 or q.shape[0] != cache.batch or q.shape[1] % kh or q.shape[1] // kh * q.shape[2] > ROWS \
+      or q.shape[3] != cache.head_dim:
+    raise ValueError(f"q must be [B={cache.batch}, N, T, {cache.head_dim}] with N a multiple of the {kh} KV heads "
+                     f"and N / {kh} x T <= {ROWS} query rows per KV head, got {q.shape}")
+  if num_splits is None:
+    num_splits = splits_for(cache.batch, kh, cache.capacity)
+  scale = (cache.head_dim ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
+  return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, interpret=interpret,
+                 options=options)
+
+
+@functools.partial(jax.jit, static_argnames=("num_splits", "interpret", "options"))
+def _decode(q, cache, scale, *, num_splits, interpret, options):
+  b, n, t, h = q.shape
+  kh = cache.num_kv_heads
+  rows = n // kh * t  # head-major, then token
+  qs = q.astype(jnp.float32).reshape(b, kh, rows, h) * scale
+  q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, ROWS - rows)))
+  per_token = lambda x: x.reshape(b, kh, cache.capacity)  # [B, K, S, 1] -> [B, K, S]: free
+  o_t, m, l = fp8_states(q_t, cache.lengths, cache.k.codes, per_token(cache.k.scale), cache.v.codes,
+                         per_token(cache.v.scale), num_splits=num_splits, value_tile=cache.v.tile,
+                         num_queries=t, interpret=interpret, options=options)
+  out = decode.combine(o_t.swapaxes(-1, -2), m, l, rows)
+  return out.reshape(b, n, t, h).astype(q.dtype)

@@ -1,0 +1,157 @@
+"""The Mosaic GPU FP8 kernel (`pallas_kernels.gpu.mosaic_fp8`): its split states equal the jnp reference in
+Mosaic GPU's CPU interpreter (e4m3 and e5m2 codes, bf16 / fp16 / f32 scales, ragged lengths, an empty
+sequence, splits past the length, several causal query tokens), through `ops` it passes the shared decode
+test base against the XLA reference, bad inputs are refused, and it lowers for CUDA where the CUDA plugin
+is installed."""
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kvjax import cache as cache_lib
+from pallas_kernels import test_base
+from pallas_kernels.gpu import decode, mosaic_fp8 as mf, ops
+
+INTERPRET = jax.default_backend() != "gpu"
+
+
+def _case(lengths, dtype=jnp.float8_e4m3fn, scale_dtype=jnp.bfloat16, capacity=512, kv_heads=2, seed=0):
+  """Random FP8 codes with per-token scales (values stored in 64-token tiles, as the kernel reads them)."""
+  rng = np.random.default_rng(seed)
+  b = len(lengths)
+  codes = lambda: jnp.asarray(rng.normal(size=(b, kv_heads, capacity, 128)) * 40, jnp.float32).astype(dtype)
+  scales = lambda: jnp.asarray(rng.uniform(0.002, 0.03, (b, kv_heads, capacity)), scale_dtype)
+  q_t = jnp.asarray(rng.normal(size=(b, kv_heads, 128, mf.ROWS)) * 0.13, jnp.float32)
+  return q_t, jnp.asarray(lengths, jnp.int32), codes(), scales(), codes(), scales()
+
+
+def _merged(o, m, l):
+  return np.asarray(decode.combine(jnp.swapaxes(jnp.asarray(o), -1, -2), m, l, mf.ROWS))
+
+
+@pytest.mark.parametrize("dtype,scale_dtype", [(jnp.float8_e4m3fn, jnp.bfloat16), (jnp.float8_e4m3fn, jnp.float16),
+                                               (jnp.float8_e4m3fn, jnp.float32), (jnp.float8_e5m2, jnp.bfloat16)],
+                         ids=["e4m3-bf16", "e4m3-f16", "e4m3-f32", "e5m2-bf16"])
+@pytest.mark.parametrize("lengths,splits,queries", [((512, 200), 2, 1), ((0, 129), 4, 1), ((384, 1), 1, 1),
+                                                    ((300, 3), 2, 3)])
+def test_states_match_reference_in_the_interpreter(dtype, scale_dtype, lengths, splits, queries):
+  q_t, ln, k, ks, v, vs = _case(lengths, dtype, scale_dtype)
+  o, m, l = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=splits, num_queries=queries, interpret=True)
+  ro, rm, rl = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=splits, num_queries=queries)
+  seen = np.asarray(rl).sum(2) > 0  # [B, K, N]: a row saw a token in some split
+  assert np.array_equal(np.asarray(l).sum(2) > 0, seen)
+  # the balanced splits take other slices of the tokens than the reference's fixed ones: merged, equal
+  out, ref = _merged(o, m, l), _merged(ro, rm, rl)
+  assert test_base.relative_error(out, ref) < 2e-3  # fp16 q and p * s_v, as the Triton kernels
+  assert np.abs(out[~seen]).max(initial=0.0) == 0.0
+  if splits == 1:  # one split: the same tokens, so the states themselves
+    assert test_base.relative_error(l, rl) < 2e-3
+    np.testing.assert_allclose(np.asarray(m)[np.asarray(rl) > 0], np.asarray(rm)[np.asarray(rl) > 0], atol=2e-3)
+
+
+def test_min_share_leaves_the_later_splits_empty():
+  """min_share=4: a 512-token sequence (4 steps) is one split's work; the other three see nothing and
+  the merge is unchanged."""
+  q_t, ln, k, ks, v, vs = _case((512, 130), capacity=2048)
+  o, m, l = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=4, interpret=True, options=mf.Fp8Options(min_share=4))
+  assert (np.asarray(l)[:, :, 1:] == 0).all() and (np.asarray(l)[:, :, 0] > 0).all()
+  ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=4)
+  assert test_base.relative_error(_merged(o, m, l), _merged(*ref)) < 2e-3
+
+
+def test_value_tiles_other_than_64():
+  q_t, ln, k, ks, v, vs = _case((256, 77))
+  for tile in (32, 128):
+    out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=tile, interpret=True)
+    ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=tile)
+    assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_states_match_reference_natively(dtype):
+  """The compiled kernel == the reference (`benchmarks/runs/session18_a.sh`): ragged lengths, an empty
+  sequence, one token, a split past the length, several query tokens."""
+  q_t, ln, k, ks, v, vs = _case((512, 0, 1, 200), dtype)
+  for queries in (1, 3):
+    out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries)
+    ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries)
+    assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
+
+
+def test_bad_inputs_are_refused():
+  q_t, ln, k, ks, v, vs = _case((10, 20))
+  call = lambda **kw: mf.fp8_states(**{**dict(q_t=q_t, lengths=ln, k=k, ks=ks, v=v, vs=vs, num_splits=2,
+                                               interpret=True), **kw})
+  with pytest.raises(ValueError, match="q_t must be"):
+    call(q_t=q_t[..., :8])
+  with pytest.raises(ValueError, match="capacity 500"):
+    call(k=k[:, :, :500], v=v[:, :, :500], ks=ks[:, :, :500], vs=vs[:, :, :500])
+  with pytest.raises(ValueError, match="ks must be"):
+    call(ks=ks[:, :, :256])
+  with pytest.raises(ValueError, match="k must be float8"):
+    call(k=k.astype(jnp.bfloat16))
+  with pytest.raises(ValueError, match="value_tile must be"):
+    call(value_tile=48)
+  with pytest.raises(ValueError, match="num_queries must be"):
+    call(num_queries=17)
+  with pytest.raises(ValueError, match="stages must be"):
+    mf.Fp8Options(stages=0)
+  with pytest.raises(ValueError, match="lag must be"):
+    mf.Fp8Options(lag=9)
+  with pytest.raises(ValueError, match="min_share must be"):
+    mf.Fp8Options(min_share=0)
+
+
+def _tiled(cache):
+  return cache if cache.v.tile else cache_lib.with_value_tile(cache, 64)
+
+
+class TestMosaicFp8Decode(test_base.DecodeAttentionTestBase):
+  """Through `ops.decode_attention(mosaic_fp8=True)`: the shared cases (lengths 0, 1, full, ragged; T = 1
+  and 3; GQA shapes; values token-major converted to tiles, or stored in tiles)."""
+
+  FORMATS = ("fp8_e4m3", "fp8_e5m2")
+  NUM_QUERIES = (1, 3)
+  VALUE_TILES = (0, 64)
+
+  def attention(self, q, cache, **options):
+    if options.get("window") is not None:
+      pytest.skip("the Mosaic FP8 kernel has no sliding window")
+    return ops.decode_attention(q, _tiled(cache), interpret=INTERPRET, mosaic_fp8=True, **options)
+
+
+def test_ops_refuses_what_the_kernel_does_not_take():
+  q, c = test_base.make_case("fp8_e4m3", [5, 200], value_tile=64)
+  with pytest.raises(NotImplementedError, match="soft-cap"):
+    ops.decode_attention(q, c, interpret=True, mosaic_fp8=True, logit_softcap=5.0)
+  with pytest.raises(NotImplementedError, match="tune the Triton kernels"):
+    ops.decode_attention(q, c, interpret=True, mosaic_fp8=True, num_warps=4)
+  with pytest.raises(NotImplementedError, match="tiles of 16-128"):
+    ops.decode_attention(q, cache_lib.with_value_tile(c, 0), interpret=True, mosaic_fp8=True)
+  q8, c8 = test_base.make_case("int8", [5, 200])
+  with pytest.raises(NotImplementedError, match="FP8 with per-token"):
+    ops.decode_attention(q8, c8, interpret=True, mosaic_fp8=True)
+  q_wide = jnp.zeros((2, 2 * 17, 1, 128), jnp.bfloat16)
+  with pytest.raises(NotImplementedError, match="at most 16 query rows"):
+    ops.decode_attention(q_wide, c, interpret=True, mosaic_fp8=True)
+
+
+def test_default_splits_leave_four_tiles_a_split():
+  assert mf.splits_for(8, 8, 32768) == 4    # 264 programs: one wave at 2 per SM
+  assert mf.splits_for(1, 8, 32768) == 32   # capped by mosaic_decode.MAX_SPLITS
+  assert mf.splits_for(1, 8, 1024) == 2     # 8 tiles: 4 a split
+  assert mf.splits_for(64, 8, 4096) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
+                    reason="Mosaic GPU's CUDA lowering needs jax-cuda12-plugin")
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_lowers_for_cuda(dtype):
+  q_t, ln, k, ks, v, vs = _case((512, 200), dtype)
+  fn = jax.jit(lambda *a: mf.fp8_states(*a, num_splits=2, num_queries=2))
+  text = fn.trace(q_t, ln, k, ks, v, vs).lower(lowering_platforms=("cuda",)).as_text()
+  assert "kvjax_mosaic_fp8" in text
