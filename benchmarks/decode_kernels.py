@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from kvjax import attention, cache as cache_lib, formats
 import pallas_kernels.gpu  # noqa: F401  (registers pallas_gpu)
-from pallas_kernels.gpu import ops, write
+from pallas_kernels.gpu import mosaic_fp8, ops, write
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import SHAPES, check_all, opts_name, split_layout, sweep_grid  # noqa: E402
@@ -351,6 +351,15 @@ def torch_row(b, ctx, reps):
 # ----------------------------------------------------------------------------- main
 
 
+def sweep_options(o):
+  """A --sweep-options entry as `ops.decode_attention` options: a dict under "mosaic_fp8" is the Mosaic FP8
+  kernel's build (`mosaic_fp8.Fp8Options`)."""
+  o = dict(o)
+  if isinstance(o.get("mosaic_fp8"), dict):
+    o["mosaic_fp8"] = mosaic_fp8.Fp8Options(**o["mosaic_fp8"])
+  return o
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--out", default="benchmarks/results/decode_h200.json")
@@ -417,7 +426,7 @@ def main():
   for f, (sb, sc) in [(f, p) for f in filter(None, args.sweep.split(",")) for p in points]:
     best = None
     if args.sweep_options:
-      grid = [{}] + [dict(o) for o in json.loads(args.sweep_options)]
+      grid = [{}] + [sweep_options(o) for o in json.loads(args.sweep_options)]
     elif args.sweep_splits:
       grid = [{}] + [dict(num_splits=int(x)) for x in args.sweep_splits.split(",")]
     else:

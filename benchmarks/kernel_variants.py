@@ -55,7 +55,10 @@ TILED = (dict(num_warps=2), dict(num_warps=8), dict(value_tile=128), dict(num_st
 TOKEN_MAJOR = (dict(value_tile=0), dict(value_tile=0, num_warps=4), dict(value_tile=0, num_warps=4, block=32))
 # int8 q.k runs 8-bit tensor-core dots by default (NARROW_QK_KINDS, session 3, token-major): re-checked
 # with tiles by `narrow_qk=False` (not yet timed).
-VARIANTS = {"fp8_e4m3": TILED + TOKEN_MAJOR,
+# The Mosaic GPU FP8 kernel (`pallas_kernels.gpu.mosaic_fp8`, session 18; values in 64-token tiles, the GPU
+# default, named so the CPU's token-major default is re-laid too): checked and swept beside Triton's.
+MOSAIC_FP8 = (dict(mosaic_fp8=True, value_tile=64),)
+VARIANTS = {"fp8_e4m3": TILED + TOKEN_MAJOR + MOSAIC_FP8, "fp8_e5m2": MOSAIC_FP8,
             "int8": TILED + TOKEN_MAJOR + (dict(narrow_pv=True), dict(narrow_qk=False)),
             "int4": (dict(num_warps=2), dict(packed_unpack=False)),
             "kivi2": (dict(num_warps=4), dict(packed_unpack=False)),

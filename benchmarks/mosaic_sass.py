@@ -1,4 +1,5 @@
-"""What the Mosaic GPU KIVI-2 kernel (`pallas_kernels.gpu.mosaic_kivi`) compiles to, on a GPU: for each
+"""What the Mosaic GPU KIVI-2 kernel (`pallas_kernels.gpu.mosaic_kivi`; `--kernel fp8`: the FP8 one,
+`pallas_kernels.gpu.mosaic_fp8`, builds named 'name:fp8[+field=value...]' over `Fp8Options`) compiles to, on a GPU: for each
 build (a variant, with or without the residual window as one more program), the registers per thread
 and spills from ptxas, the resident programs per SM they allow, and the kernel's time alone (B=8, 32k,
 8 splits, same caches as `mosaic_kivi_bench.py`); with --ptxas / --nvdisasm the tile loop's SASS (its
@@ -33,24 +34,27 @@ import jax.numpy as jnp  # noqa: E402
 import decode_kernels as dk  # noqa: E402
 import ptx_registers  # noqa: E402
 from mosaic_kivi_bench import caches_for  # noqa: E402
-from pallas_kernels.gpu import decode, mosaic_kivi as mk  # noqa: E402
+from pallas_kernels.gpu import decode, mosaic_fp8 as mf, mosaic_kivi as mk  # noqa: E402
 
 REGS_PER_SM, THREADS = 65536, 128  # one warpgroup per program
+SMEM_PER_SM = 228 * 1024  # H100 / H200
 
 
-def variant_options(text: str) -> mk.Options:
-  """'preset' or 'preset+field=value+...' (an `mk.Options` field over a preset: 'dequant_denorm+lag=2')."""
+def variant_options(text: str):
+  """'preset' or 'preset+field=value+...' (an `mk.Options` field over a preset: 'dequant_denorm+lag=2');
+  'fp8[+field=value...]': an `mf.Fp8Options`."""
   base, *edits = text.split("+")
-  if base not in mk.VARIANTS:
-    raise ValueError(f"--builds: variant must be one of {tuple(mk.VARIANTS)}, got {base!r}")
-  fields = {f.name: f for f in dataclasses.fields(mk.Options)}
+  presets = {**mk.VARIANTS, "fp8": mf.Fp8Options()}
+  if base not in presets:
+    raise ValueError(f"--builds: variant must be one of {tuple(presets)}, got {base!r}")
+  fields = {f.name: f for f in dataclasses.fields(type(presets[base]))}
   changes = {}
   for edit in edits:
     key, _, val = edit.partition("=")
     if key not in fields:
       raise ValueError(f"--builds: {key!r} is not an Options field (one of {tuple(fields)})")
     changes[key] = None if val == "None" else {"True": True, "False": False}.get(val, int(val) if val.isdigit() else val)
-  return dataclasses.replace(mk.VARIANTS[base], **changes)
+  return dataclasses.replace(presets[base], **changes)
 
 
 def parse_builds(text):
@@ -72,6 +76,22 @@ def window_inputs(b, kh, lengths, key):
   return lengths, ring(k1), ring(k2)
 
 
+def fp8_caches(b, ctx, key, dtype=jnp.float8_e4m3fn):
+  """Random FP8 (k, ks, v, vs) caches for `mf.fp8_states` (values as 64-token tiles) to rotate beyond L2,
+  their bytes read at ctx - 256 tokens, lengths."""
+  kh = dk.SHAPE.k_heads
+
+  def one(kk):
+    k1, k2, k3, k4 = jax.random.split(kk, 4)
+    codes = lambda x: (jax.random.normal(x, (b, kh, ctx, 128)) * 40).astype(dtype)
+    scales = lambda x: jax.random.uniform(x, (b, kh, ctx), minval=0.002, maxval=0.03).astype(jnp.bfloat16)
+    return codes(k1), scales(k2), codes(k3), scales(k4)
+  c0 = one(key)
+  nbytes = sum(x.nbytes for x in c0)
+  caches = (c0,) + tuple(one(jax.random.fold_in(key, i)) for i in range(1, dk.n_sets(nbytes)))
+  return caches, nbytes * (ctx - 256) / ctx, jnp.full((b,), ctx - 256, jnp.int32)
+
+
 def states_fn(variant, splits, window):
   """q [B, N, 1, H] + a cache -> [B, N, 1, H] through the kernel's states and the XLA merge."""
   def f(q, lengths, cache, win):  # win: (full lengths, k_res, v_res); one query token
@@ -80,6 +100,9 @@ def states_fn(variant, splits, window):
     rep = n // kh
     q_t = (q.astype(jnp.float32).reshape(b, kh, rep, h) * (h ** -0.5 * decode.LOG2E)).swapaxes(-1, -2)
     q_t = jnp.pad(q_t, ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
+    if isinstance(variant, mf.Fp8Options):
+      o_t, m, l = mf.fp8_states(q_t, lengths, *cache, num_splits=splits, options=variant)
+      return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
     kern_len = jnp.maximum(lengths - mk.TILE, 0) if window else lengths
     o_t, m, l = mk.kivi2_states(q_t, kern_len, *cache, num_splits=splits, variant=variant,
                                 window=(*win, 1) if window else None)
@@ -92,6 +115,9 @@ def read_dumps(d):
   files = sorted(os.path.relpath(p, d) for p in glob.glob(os.path.join(d, "*")) if os.path.isfile(p))
   out = {"files": files}
   for name in files:
+    if name.endswith("resources.txt") and (m := re.search(r"smem_scratch_bytes=(\d+)", open(os.path.join(d, name)).read())):
+      out["smem_bytes"] = int(m.group(1))  # Mosaic's shared memory per program (+ 1 KB the CUDA runtime keeps)
+      out["programs_per_sm_by_smem"] = SMEM_PER_SM // (out["smem_bytes"] + 1024)
     if not name.endswith(".ptxas"):
       continue
     t = open(os.path.join(d, name), errors="replace").read()
@@ -104,7 +130,7 @@ def read_dumps(d):
   return out
 
 
-def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16):
+def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16, kernel="kivi2"):
   """(q, lengths, cache, window) as shapes on one compile-only H200 of `target_config` (a GpuTargetConfig
   text proto): compiling for it needs no GPU, only the CUDA plugin and ptxas (CUDA_ROOT)."""
   from jax.experimental import topologies
@@ -114,6 +140,9 @@ def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16):
   kh, g = dk.SHAPE.k_heads, ctx // mk.TILE
   cache = (sd((b, kh, ctx, 16), jnp.uint16), sd((b, kh, g, 128), scale_dtype), sd((b, kh, g, 128), scale_dtype),
            sd((b, kh, g, 128, 16), jnp.uint16), sd((b, kh, ctx), scale_dtype), sd((b, kh, ctx), scale_dtype))
+  if kernel == "fp8":
+    cache = (sd((b, kh, ctx, 128), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype),
+             sd((b, kh, ctx, 128), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype))
   ring = sd((b, kh, mk.TILE, 128), jnp.bfloat16)
   lengths = sd((b,), jnp.int32)
   return sd((b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16), lengths, cache, (lengths, ring, ring)
@@ -134,15 +163,23 @@ def main(argv=None):
   ap.add_argument("--nvdisasm", default="")
   ap.add_argument("--scale-dtype", default="bfloat16", choices=("bfloat16", "float16"),
                   help="the caches' scales and zeros (a kvjax cache holds bf16 by default)")
+  ap.add_argument("--kernel", default="kivi2", choices=("kivi2", "fp8"), help="which Mosaic kernel's builds")
   ap.add_argument("--out", required=True)
   args = ap.parse_args(argv)
   builds = parse_builds(args.builds)
+  for name, variant, window in builds:
+    if isinstance(variant_options(variant), mf.Fp8Options) != (args.kernel == "fp8") or window and args.kernel == "fp8":
+      raise ValueError(f"--builds: {name} ({variant}{', window' if window else ''}) is not a build of --kernel "
+                       f"{args.kernel} (fp8 builds: 'name:fp8[+field=value...]', no window)")
   b, ctx = map(int, args.point.split(":"))
   key = jax.random.PRNGKey(0)
   if args.target_config:
-    q, lengths, cache, win = aot_args(args.target_config, b, ctx, jnp.dtype(args.scale_dtype))
+    q, lengths, cache, win = aot_args(args.target_config, b, ctx, jnp.dtype(args.scale_dtype), args.kernel)
   else:
-    caches, nbytes, lengths = caches_for(b, ctx, key, jnp.dtype(args.scale_dtype))
+    if args.kernel == "fp8":
+      caches, nbytes, lengths = fp8_caches(b, ctx, key)
+    else:
+      caches, nbytes, lengths = caches_for(b, ctx, key, jnp.dtype(args.scale_dtype))
     cache = caches[0]
     win = window_inputs(b, dk.SHAPE.k_heads, lengths, jax.random.fold_in(key, 7))
     q = jax.random.normal(jax.random.fold_in(key, 99), (b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16)

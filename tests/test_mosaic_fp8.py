@@ -70,6 +70,16 @@ def test_value_tiles_other_than_64():
     assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
 
 
+def test_64_token_steps():
+  """Fp8Options(tile=64): one 64-token value tile a step (or two of 32), ragged lengths, T = 3."""
+  q_t, ln, k, ks, v, vs = _case((300, 65, 0))
+  for value_tile in (64, 32):
+    out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=value_tile, num_queries=3, interpret=True,
+                        options=mf.Fp8Options(tile=64, stages=3))
+    ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=value_tile, num_queries=3)
+    assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
 def test_states_match_reference_natively(dtype):
@@ -104,6 +114,10 @@ def test_bad_inputs_are_refused():
     mf.Fp8Options(lag=9)
   with pytest.raises(ValueError, match="min_share must be"):
     mf.Fp8Options(min_share=0)
+  with pytest.raises(ValueError, match="tile must be"):
+    mf.Fp8Options(tile=32)
+  with pytest.raises(ValueError, match="divide the 64-token step"):
+    call(value_tile=128, options=mf.Fp8Options(tile=64))
 
 
 def _tiled(cache):
@@ -122,6 +136,17 @@ class TestMosaicFp8Decode(test_base.DecodeAttentionTestBase):
     if options.get("window") is not None:
       pytest.skip("the Mosaic FP8 kernel has no sliding window")
     return ops.decode_attention(q, _tiled(cache), interpret=INTERPRET, mosaic_fp8=True, **options)
+
+
+def test_ops_takes_a_build():
+  """`mosaic_fp8=Fp8Options(...)`: that build (64-token steps, 3 stages) through ops, the same attention."""
+  q, c = test_base.make_case("fp8_e4m3", [70, 300], value_tile=64)
+  ref = ops.decode_attention(q, c, interpret=True, mosaic_fp8=True)
+  out = ops.decode_attention(q, c, interpret=True, mosaic_fp8=mf.Fp8Options(tile=64, stages=3))
+  assert test_base.relative_error(np.asarray(out, np.float32), np.asarray(ref, np.float32)) < 1e-2
+  assert str(mf.Fp8Options(tile=64, stages=3)) == "fp8+tile=64+stages=3"
+  with pytest.raises(ValueError, match="mosaic_fp8 must be"):
+    ops.decode_attention(q, c, interpret=True, mosaic_fp8="yes")
 
 
 def test_ops_refuses_what_the_kernel_does_not_take():

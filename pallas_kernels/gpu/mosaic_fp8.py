@@ -39,7 +39,7 @@ from pallas_kernels.gpu import decode, mosaic_decode, mosaic_kivi as mk
 __all__ = ["TILE", "ROWS", "Fp8Options", "fp8_states", "reference_states", "supports", "decode_attention",
            "splits_for", "TARGET_PROGRAMS"]
 
-TILE = 128          # tokens per pipeline step
+TILE = 128          # tokens per pipeline step by default (`Fp8Options.tile`); capacities are multiples of it
 ROWS = mk.ROWS      # query rows (WGMMA's N), padded
 SLAB = 16           # k columns per WGMMA (fp16)
 FP8_TYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
@@ -50,7 +50,9 @@ NEG = mk.NEG
 class Fp8Options:
   """How `fp8_states` builds its step.
 
-  stages: pipeline stages (TMA copies in flight per program; 32 KB of codes a stage).
+  tile: tokens per pipeline step (64 or 128; a multiple of the value tile): 128 keeps the shared memory
+    at 2 programs per SM with 2 stages (84 KB), 64 at 4 with 3 stages (~55 KB).
+  stages: pipeline stages (TMA copies in flight per program; 256 x tile bytes of codes a stage).
   lag: WGMMA groups left in flight while the next slab is converted (None: all issued, then waited).
   min_share: each split takes at least this many of the live steps (the splits past them none).
   manual_barriers: Mosaic GPU's automatic barriers off; the step's commits order its shared buffers
@@ -58,6 +60,7 @@ class Fp8Options:
   lazy_sums: l kept as per-thread [TILE, N] sums, reduced once at the end.
   approx_math: ex2.approx.
   """
+  tile: int = 128
   stages: int = 2
   lag: int | None = 1
   min_share: int = 1
@@ -66,12 +69,18 @@ class Fp8Options:
   approx_math: bool = True
 
   def __post_init__(self):
+    if self.tile not in (64, 128):
+      raise ValueError(f"tile must be 64 or 128 tokens, got {self.tile}")
     if not 1 <= self.stages <= 4:
       raise ValueError(f"stages must be in [1, 4], got {self.stages}")
     if self.lag is not None and not 0 <= self.lag <= 8:
       raise ValueError(f"lag must be None or 0..8 WGMMA groups in flight, got {self.lag}")
     if self.min_share < 1:
       raise ValueError(f"min_share must be >= 1, got {self.min_share}")
+
+  def __str__(self):  # the fields off their defaults, as `benchmarks/mosaic_sass.py` names builds: fp8+tile=64
+    return "fp8" + "".join(f"+{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                           if getattr(self, f.name) != f.default)
 
 
 def wgmma_sum(init, pairs, *, lag, interpret):
@@ -114,10 +123,12 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
   s = k.shape[2]
   if h != 128 or n != ROWS:
     raise ValueError(f"q_t must be [B, K, 128, {ROWS}], got {q_t.shape}")
-  if value_tile not in (16, 32, 64, 128):
-    raise ValueError(f"value_tile must be 16, 32, 64 or 128 (dividing the {TILE}-token step), got {value_tile}")
-  if num_splits < 1 or s % TILE:
-    raise ValueError(f"the capacity {s} must be a multiple of {TILE} and num_splits >= 1, got {num_splits}")
+  opt = options
+  tile = opt.tile
+  if value_tile not in (16, 32, 64, 128) or tile % value_tile:
+    raise ValueError(f"value_tile must be 16, 32, 64 or 128 and divide the {tile}-token step, got {value_tile}")
+  if num_splits < 1 or s % tile:
+    raise ValueError(f"the capacity {s} must be a multiple of {tile} and num_splits >= 1, got {num_splits}")
   if not 1 <= num_queries <= ROWS:
     raise ValueError(f"num_queries must be in [1, {ROWS}], got {num_queries}")
   for name, arr, shape in (("k", k, (b, kh, s, h)), ("v", v, (b, kh, s, h)), ("ks", ks, (b, kh, s)),
@@ -127,9 +138,8 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
   for name, arr in (("k", k), ("v", v)):
     if arr.dtype not in FP8_TYPES:
       raise ValueError(f"{name} must be float8_e4m3fn or float8_e5m2, got {arr.dtype}")
-  opt = options
-  steps_cap = s // TILE
-  vt_per_step = TILE // value_tile
+  steps_cap = s // tile
+  vt_per_step = tile // value_tile
   swz = plgpu.find_swizzle(ROWS * 16, "rhs")
   b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
   code_tiles = (plgpu.TilingTransform((8, SLAB)),)  # 8-bit [rows, 16]: a slab is whole tiles
@@ -137,30 +147,33 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
 
   def slab(ref):
     """A [rows, 16] FP8 slab of shared memory as fp16 in WGMMA's A layout."""
-    x = ref[...] if interpret else plgpu.load(ref, (), layout=plgpu.Layout.WGMMA, optimized=False)
+    x = ref[...] if interpret else plgpu.load(ref, layout=plgpu.Layout.WGMMA, optimized=False)
     return x.astype(jnp.float16)
 
-  def body(q_g, len_g, k_g, v_g, ks_g, vs_g, o_g, m_g, l_g, q_smem, q16_smem, pt_smem, bar):
+  def body(q_g, len_g, k_g, v_g, ks_g, vs_g, o_g, m_g, l_g, q16_smem, pt_smem, bar):
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
-    plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
-    plgpu.barrier_wait(bar)
-    q16_smem[...] = q_smem[...].astype(jnp.float16)
-    plgpu.commit_smem()
+
+    def load_q(q_smem):  # f32, scoped: its 8 KB are the pipeline's once q16 holds the query
+      plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
+      plgpu.barrier_wait(bar)
+      q16_smem[...] = q_smem[...].astype(jnp.float16)
+      plgpu.commit_smem()
+    pl.run_scoped(load_q, plgpu.SMEM((h, ROWS), jnp.float32))
     length = len_g[bi]
-    first, steps = balanced_range(length, si, num_splits=num_splits, tile=TILE, capacity_steps=steps_cap,
+    first, steps = balanced_range(length, si, num_splits=num_splits, tile=tile, capacity_steps=steps_cap,
                                   min_share=opt.min_share)
-    col = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 1)
+    col = lax.broadcasted_iota(jnp.int32, (tile, ROWS), 1)
     qpos = length - num_queries + col % num_queries  # each query row's position (causal)
 
     def step(idx, k_s, v_s, ks_s, vs_s, carry):
       o, m_prev, l_prev = carry
       with jax.named_scope("kmma"):
-        sc = mma(jnp.zeros((TILE, ROWS), jnp.float32),
+        sc = mma(jnp.zeros((tile, ROWS), jnp.float32),
                  [(functools.partial(lambda m: slab(k_s.at[:, pl.ds(SLAB * m, SLAB)]), m),
                    q16_smem.at[pl.ds(SLAB * m, SLAB)]) for m in range(h // SLAB)])
       with jax.named_scope("softmax"):
         sc = sc * ks_s[...].astype(jnp.float32)[:, None]
-        tok = (first + idx[0]) * TILE + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
+        tok = (first + idx[0]) * tile + lax.broadcasted_iota(jnp.int32, (tile, ROWS), 0)
         ok = tok <= qpos
         sc = jnp.where(ok, sc, NEG)
         m_new = jnp.maximum(m_prev, jnp.max(sc, axis=0))
@@ -173,20 +186,20 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
       with jax.named_scope("vmma"):
         per = value_tile // SLAB
         pairs = [(functools.partial(lambda j: slab(v_s.at[pl.ds(j // per * h, h), pl.ds(j % per * SLAB, SLAB)]), j),
-                  pt_smem.at[pl.ds(SLAB * j, SLAB)]) for j in range(TILE // SLAB)]
+                  pt_smem.at[pl.ds(SLAB * j, SLAB)]) for j in range(tile // SLAB)]
         o = mma(o * alpha[None, :], pairs)
       if opt.manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
         plgpu.commit_smem()
       return o, m_new, l_new
 
-    l_shape = (TILE, ROWS) if opt.lazy_sums else (ROWS,)
+    l_shape = (tile, ROWS) if opt.lazy_sums else (ROWS,)
     init = (jnp.zeros((h, ROWS), jnp.float32), jnp.full((ROWS,), NEG, jnp.float32), jnp.zeros(l_shape, jnp.float32))
     pipe = plgpu.emit_pipeline(
         step, grid=(steps,), max_concurrent_steps=opt.stages, init_carry=init,
-        in_specs=[plgpu.BlockSpec((TILE, h), lambda t: (first + t, 0), transforms=code_tiles),
+        in_specs=[plgpu.BlockSpec((tile, h), lambda t: (first + t, 0), transforms=code_tiles),
                   plgpu.BlockSpec((vt_per_step * h, value_tile), lambda t: (first + t, 0), transforms=code_tiles),
-                  plgpu.BlockSpec((TILE,), lambda t: (first + t,)),
-                  plgpu.BlockSpec((TILE,), lambda t: (first + t,))])
+                  plgpu.BlockSpec((tile,), lambda t: (first + t,)),
+                  plgpu.BlockSpec((tile,), lambda t: (first + t,))])
     o, m_f, l_f = pipe(k_g.at[bi, ki], v_g.at[bi, ki], ks_g.at[bi, ki], vs_g.at[bi, ki])
     o_g[bi, ki, si] = o
     m_g[bi, ki, si] = m_f
@@ -199,9 +212,8 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
                 jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32),
                 jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32)),
       grid=(b, kh, num_splits), grid_names=("b", "k", "s"),
-      scratch_types=[plgpu.SMEM((h, ROWS), jnp.float32),
-                     plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
-                     plgpu.SMEM((TILE, ROWS), jnp.float16, transforms=b_tiles),
+      scratch_types=[plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
+                     plgpu.SMEM((tile, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.Barrier(num_arrivals=1)],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                            approx_math=opt.approx_math,

@@ -311,8 +311,9 @@ def _triton_only(triton_options, what):
     raise NotImplementedError(f"pallas_gpu: options {set_opts} tune the Triton kernels, not {what}")
 
 
-def _mosaic_fp8_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, triton_options):
-  """An FP8 cache (per-token scales, tiled values) through `mosaic_fp8`; NotImplementedError otherwise."""
+def _mosaic_fp8_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, triton_options, options):
+  """An FP8 cache (per-token scales, tiled values) through `mosaic_fp8` (its `Fp8Options`);
+  NotImplementedError otherwise."""
   if (why := mfp8.supports(cache)) is not None:
     raise NotImplementedError(f"pallas_gpu: mosaic_fp8: {why}")
   _triton_only(triton_options, "the Mosaic FP8 kernel")
@@ -322,7 +323,8 @@ def _mosaic_fp8_attention(q, cache, sm_scale, softcap, window, interpret, num_sp
   if n // cache.num_kv_heads * t > mfp8.ROWS:
     raise NotImplementedError(f"pallas_gpu: the Mosaic FP8 kernel takes at most {mfp8.ROWS} query rows "
                               f"(heads per KV head x tokens) per KV head, got q {q.shape}")
-  return mfp8.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits, interpret=interpret)
+  return mfp8.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits, interpret=interpret,
+                               options=options)
 
 
 def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, mosaic_window,
@@ -357,7 +359,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   mosaic_window: on a "words" KIVI-2 cache, where the residual window's state is computed
   (`mosaic_decode.WINDOWS`; None: `mosaic_decode.DEFAULT_WINDOW`, or "xla" with pallas_merge=False).
   mosaic_fp8: an FP8 cache (per-token scales, values in tiles) through the Mosaic GPU kernel (`mosaic_fp8`)
-  instead of Triton's; None: MOSAIC_FP8. Other caches: an error if True."""
+  instead of Triton's: True, or a `mosaic_fp8.Fp8Options` (its build); None: MOSAIC_FP8. Other caches:
+  NotImplementedError if set."""
   if window is not None and (int(window) != window or window < 1):
     raise ValueError(f"window must be a positive integer or None, got {window!r}")
   if cache.num_layers is not None:
@@ -377,8 +380,11 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   if mosaic_fp8 or (mosaic_fp8 is None and MOSAIC_FP8 and mfp8.supports(cache) is None):
     if mosaic_window is not None:
       raise NotImplementedError(f"pallas_gpu: mosaic_window={mosaic_window!r} applies to 'words' KIVI-2 caches")
+    if not isinstance(mosaic_fp8, (bool, mfp8.Fp8Options, type(None))):
+      raise ValueError(f"mosaic_fp8 must be None, a bool or an Fp8Options, got {mosaic_fp8!r}")
+    build = mosaic_fp8 if isinstance(mosaic_fp8, mfp8.Fp8Options) else mfp8.Fp8Options()
     return _mosaic_fp8_attention(q, cache, sm_scale, logit_softcap, window, interpret, num_splits,
-                                 {**triton_options, "pallas_merge": pallas_merge})
+                                 {**triton_options, "pallas_merge": pallas_merge}, build)
   if cache.k.layout == "words":  # the Mosaic KIVI-2 kernel's code layout (cache.default_kivi_layout)
     if mosaic_window is None:
       mosaic_window = "xla" if pallas_merge is False else mosaic_decode.DEFAULT_WINDOW
