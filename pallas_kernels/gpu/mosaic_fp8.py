@@ -35,6 +35,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kvjax.formats import FP8Spec
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_kivi as mk
+from pallas_kernels.gpu.mosaic_common import balanced_range, wgmma_sum
 
 __all__ = ["TILE", "ROWS", "Fp8Options", "fp8_states", "reference_states", "supports", "decode_attention",
            "splits_for", "TARGET_PROGRAMS"]
@@ -81,32 +82,6 @@ class Fp8Options:
   def __str__(self):  # the fields off their defaults, as `benchmarks/mosaic_sass.py` names builds: fp8+tile=64
     return "fp8" + "".join(f"+{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
                            if getattr(self, f.name) != f.default)
-
-
-def wgmma_sum(init, pairs, *, lag, interpret):
-  """init + sum of a() . b_ref over (a, b_ref) pairs, a() building a [rows, 16] register A operand right
-  before its WGMMA, at most `lag` groups left in flight (interpret mode: jnp.dot, same arithmetic)."""
-  if interpret:
-    for a, b_ref in pairs:
-      init = init + jnp.dot(a().astype(jnp.float32), b_ref[...].astype(jnp.float32))
-    return init
-
-  def scope(acc):
-    for i, (a, b_ref) in enumerate(pairs):
-      plgpu.wgmma(acc, a(), b_ref)
-      if lag is not None and i >= lag:
-        plgpu.wgmma_wait(lag)
-    plgpu.wgmma_wait(0)
-  return pl.run_state(scope)(plgpu.ACC.init(init))
-
-
-def balanced_range(length, si, *, num_splits: int, tile: int, capacity_steps: int, min_share: int):
-  """(first, steps) of split si: the steps holding a token below `length` shared evenly, at least
-  `min_share` a split (those past the live ones: none)."""
-  live = jnp.minimum(lax.div(length + (tile - 1), tile), capacity_steps)
-  per = jnp.maximum(lax.div(live + (num_splits - 1), num_splits), min_share)
-  first = si * per
-  return first, jnp.clip(live - first, 0, per)
 
 
 def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int = 64, num_queries: int = 1,

@@ -42,6 +42,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kvjax import packing
 from pallas_kernels.gpu import mosaic_planes as planes
+from pallas_kernels.gpu.mosaic_common import balanced_range, wgmma_sum
 from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 
 __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
@@ -124,24 +125,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
   code_tiles = (plgpu.TilingTransform((8, 16)), plgpu.SwizzleTransform(32))  # [rows, 16] uint16
 
-  def mma(init, pairs):
-    """init + sum of a() . b_ref over (a, b_ref) pairs, a() building a [rows, 16] register A operand
-    right before its WGMMA; at most `opt.lag` groups left in flight (interpret mode has no register-A
-    WGMMA: jnp.dot there, same arithmetic)."""
-    if interpret:
-      for a, b_ref in pairs:
-        x = a()
-        x = x if isinstance(x, jax.Array) else x[...]  # a (transposed) SMEM ref as A
-        init = init + jnp.dot(x.astype(jnp.float32), b_ref[...].astype(jnp.float32))
-      return init
-
-    def scope(acc):
-      for i, (a, b_ref) in enumerate(pairs):
-        plgpu.wgmma(acc, a(), b_ref)
-        if opt.lag is not None and i >= opt.lag:
-          plgpu.wgmma_wait(opt.lag)
-      plgpu.wgmma_wait(0)
-    return pl.run_state(scope)(plgpu.ACC.init(init))
+  mma = functools.partial(wgmma_sum, lag=opt.lag, interpret=interpret)
 
   def col(ref, m, rows, factor=None):
     """ref[16 m: 16 m + 16] (one value per k column of plane m) as fp16 (times `factor`), broadcast over
@@ -392,11 +376,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     nt = opt.tiles_per_step
     steps = per // nt  # steps of nt tiles per split
     first = si * steps  # this split's first step
-    if opt.stop_at_length:  # only steps holding a token below the length (none past it)
+    if opt.stop_at_length and opt.balance:  # the live steps shared evenly, at least min_share a split
+      first, steps = balanced_range(length, si, num_splits=num_splits, tile=nt * TILE,
+                                    capacity_steps=num_splits * steps, min_share=opt.min_share)
+    elif opt.stop_at_length:  # only steps holding a token below the length (none past it)
       live = jnp.minimum(lax.div(length + (nt * TILE - 1), nt * TILE), num_splits * steps)
-      if opt.balance:  # the live steps shared evenly, at least min_share a split
-        steps = jnp.maximum(lax.div(live + (num_splits - 1), num_splits), opt.min_share)
-        first = si * steps
       steps = jnp.clip(live - first, 0, steps)
     pipe = plgpu.emit_pipeline(
         dequant_step(length, first, pt_smem, q16_smem, s16, magic) if opt.dequant_in_a else step, grid=(steps,),

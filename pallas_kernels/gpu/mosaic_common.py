@@ -1,0 +1,41 @@
+"""Pieces the Mosaic GPU decode kernels share (`mosaic_kivi`, `mosaic_fp8`): the WGMMA chain over register A
+operands built right before each instruction, and the balanced split of the live steps."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+__all__ = ["wgmma_sum", "balanced_range"]
+
+
+def wgmma_sum(init, pairs, *, lag, interpret):
+  """init + sum of a() . b_ref over (a, b_ref) pairs, a() building a [rows, 16] register A operand (or
+  returning a shared-memory ref) right before its WGMMA, at most `lag` groups left in flight (None: all
+  issued, then waited; interpret mode has no register-A WGMMA: jnp.dot there, same arithmetic)."""
+  if interpret:
+    for a, b_ref in pairs:
+      x = a()
+      x = x if isinstance(x, jax.Array) else x[...]  # a (transposed) shared-memory ref as A
+      init = init + jnp.dot(x.astype(jnp.float32), b_ref[...].astype(jnp.float32))
+    return init
+
+  def scope(acc):
+    for i, (a, b_ref) in enumerate(pairs):
+      plgpu.wgmma(acc, a(), b_ref)
+      if lag is not None and i >= lag:
+        plgpu.wgmma_wait(lag)
+    plgpu.wgmma_wait(0)
+  return pl.run_state(scope)(plgpu.ACC.init(init))
+
+
+def balanced_range(length, si, *, num_splits: int, tile: int, capacity_steps: int, min_share: int):
+  """(first, steps) of split si: the steps holding a token below `length` shared evenly, at least
+  `min_share` a split (those past the live ones: none)."""
+  live = jnp.minimum(lax.div(length + (tile - 1), tile), capacity_steps)
+  per = jnp.maximum(lax.div(live + (num_splits - 1), num_splits), min_share)
+  first = si * per
+  return first, jnp.clip(live - first, 0, per)
