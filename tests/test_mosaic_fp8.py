@@ -70,6 +70,34 @@ def test_value_tiles_other_than_64():
     assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
 
 
+@pytest.mark.parametrize("terms", [2, 3])
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_8bit_key_products(dtype, terms):
+  """Fp8Options(key_terms=2 | 3): the key tile as the 8-bit A operand against q in e4m3 terms (e5m2 keys
+  x e4m3 terms: the mixed pair WGMMA takes); ragged lengths, T = 3, 64-token steps too."""
+  q_t, ln, k, ks, v, vs = _case((300, 65, 0), dtype)
+  for tile in (128, 64):
+    out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=3, interpret=True,
+                        options=mf.Fp8Options(tile=tile, key_terms=terms))
+    ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=3)
+    assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
+
+
+def test_split_e4m3_terms_sum_to_the_query():
+  """Each term rounds what the earlier ones left: 2 terms hold q to ~2^-8 of its largest value per (b, k),
+  3 to ~2^-12; a zero query stays zero (no log2 of 0)."""
+  q_t = jnp.asarray(np.random.default_rng(3).normal(size=(2, 2, 128, mf.ROWS)) * 0.13, jnp.float32)
+  q_t = q_t.at[1, 1].set(0.0)
+  for terms, tol in ((1, 2 ** -4), (2, 2 ** -8), (3, 2 ** -12)):
+    q8, inv = mf.split_e4m3(q_t, terms)
+    assert q8.shape == (2, 2, terms, mf.ROWS, 128) and q8.dtype == jnp.float8_e4m3fn
+    back = np.asarray(q8.astype(jnp.float32).sum(2) * inv[:, :, None, None])
+    want = np.swapaxes(np.asarray(q_t), -1, -2)
+    top = np.abs(want).max(axis=(2, 3), keepdims=True)
+    assert (np.abs(back - want) <= tol * np.maximum(top, 1e-30)).all(), terms
+  assert float(inv[1, 1]) > 0 and not np.asarray(q8[1, 1].astype(jnp.float32)).any()
+
+
 def test_64_token_steps():
   """Fp8Options(tile=64): one 64-token value tile a step (or two of 32), ragged lengths, T = 3."""
   q_t, ln, k, ks, v, vs = _case((300, 65, 0))
@@ -82,12 +110,13 @@ def test_64_token_steps():
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
-def test_states_match_reference_natively(dtype):
+@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64), mf.Fp8Options(key_terms=3)], ids=str)
+def test_states_match_reference_natively(dtype, build):
   """The compiled kernel == the reference (`benchmarks/runs/session18_a.sh`): ragged lengths, an empty
   sequence, one token, a split past the length, several query tokens."""
   q_t, ln, k, ks, v, vs = _case((512, 0, 1, 200), dtype)
   for queries in (1, 3):
-    out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries)
+    out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries, options=build)
     ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries)
     assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
 
@@ -116,6 +145,8 @@ def test_bad_inputs_are_refused():
     mf.Fp8Options(min_share=0)
   with pytest.raises(ValueError, match="tile must be"):
     mf.Fp8Options(tile=32)
+  with pytest.raises(ValueError, match="key_terms must be"):
+    mf.Fp8Options(key_terms=1)
   with pytest.raises(ValueError, match="divide the 64-token step"):
     call(value_tile=128, options=mf.Fp8Options(tile=64))
 
@@ -175,8 +206,10 @@ def test_default_splits_leave_four_tiles_a_split():
 @pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
                     reason="Mosaic GPU's CUDA lowering needs jax-cuda12-plugin")
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
-def test_lowers_for_cuda(dtype):
+@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64, stages=3), mf.Fp8Options(key_terms=3)],
+                         ids=str)
+def test_lowers_for_cuda(dtype, build):
   q_t, ln, k, ks, v, vs = _case((512, 200), dtype)
-  fn = jax.jit(lambda *a: mf.fp8_states(*a, num_splits=2, num_queries=2))
+  fn = jax.jit(lambda *a: mf.fp8_states(*a, num_splits=2, num_queries=2, options=build))
   text = fn.trace(q_t, ln, k, ks, v, vs).lower(lowering_platforms=("cuda",)).as_text()
   assert "kvjax_mosaic_fp8" in text

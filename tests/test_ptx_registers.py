@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 import mosaic_sass  # noqa: E402
+from pallas_kernels.gpu import mosaic_fp8 as mf  # noqa: E402
 from pallas_kernels.gpu import mosaic_decode  # noqa: E402
 import ptx_registers  # noqa: E402
 
@@ -69,13 +70,24 @@ def test_build_list_and_dump_reading(tmp_path):
     mosaic_sass.parse_builds("a:dequant_denorm+lags=2")
   with pytest.raises(ValueError, match="shift32 needs unpack"):  # Options' own validation
     mosaic_sass.variant_options("lean+shift32=True")
+  # the FP8 kernel's builds: 'fp8' over `Fp8Options`
+  fp8 = mosaic_sass.variant_options("fp8+tile=64+key_terms=3")
+  assert isinstance(fp8, mf.Fp8Options) and fp8.tile == 64 and fp8.key_terms == 3 and fp8.stages == 2
+  with pytest.raises(ValueError, match="key_terms must be"):
+    mosaic_sass.variant_options("fp8+key_terms=1")
+  with pytest.raises(ValueError, match="not a build of --kernel kivi2"):
+    mosaic_sass.main(["--builds", "f:fp8", "--out", str(tmp_path / "x.json")])
+  with pytest.raises(ValueError, match="not a build of --kernel fp8"):
+    mosaic_sass.main(["--kernel", "fp8", "--builds", "d:dequant_denorm", "--out", str(tmp_path / "x.json")])
+  (tmp_path / "k.resources.txt").write_text("Resources(smem_scratch_bytes=77824, tmem_scratch_cols=0)")
   (tmp_path / "k.ptxas").write_text("ptxas info    : Used 141 registers, used 2 barriers\n"
                                     "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n")
   (tmp_path / "k.ptx").write_text(".version 9.0\n")
   out = mosaic_sass.read_dumps(str(tmp_path))
   assert out["registers"] == 141 and out["spill_store_bytes"] == 0
   assert out["programs_per_sm_by_registers"] == 3  # 144 x 128 threads: 3 programs in 65536 registers
-  assert out["files"] == ["k.ptx", "k.ptxas"]
+  assert out["smem_bytes"] == 77824 and out["programs_per_sm_by_smem"] == 2  # (76 + 1) KB in 228
+  assert out["files"] == ["k.ptx", "k.ptxas", "k.resources.txt"]
 
 
 CUDA_ROOT = os.environ.get("CUDA_ROOT", "")
@@ -97,3 +109,9 @@ def test_compiles_the_kernel_for_an_h200_without_one(tmp_path):
                              "--out", str(tmp_path / "o.json")])
   assert row["registers"] <= 128 and row["programs_per_sm_by_registers"] == 4
   assert 0 < row["sass_loop_instructions"] < 850
+  (fp8,) = mosaic_sass.main(["--kernel", "fp8", "--builds", "f:fp8", "--point", "1:1024", "--splits", "2",
+                             "--target-config", target, "--ptxas", os.path.join(bin_, "ptxas"),
+                             "--nvdisasm", os.path.join(bin_, "nvdisasm"), "--dump-root", str(tmp_path / "f"),
+                             "--out", str(tmp_path / "f.json")])
+  # session 18: 110 registers, 76 KB of shared memory (2 programs per SM), 704 instructions a 128-token step
+  assert fp8["registers"] <= 128 and fp8["programs_per_sm_by_smem"] == 2 and 0 < fp8["sass_loop_instructions"] < 800
