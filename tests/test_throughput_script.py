@@ -75,3 +75,17 @@ def test_timing_noise_gives_none_not_an_error(monkeypatch):
                            warm_steps=4, reps=1, prefill=32, target_s=0.01, skip_b1=True)
   assert "error" not in row
   assert row["tokens_per_s"] is None and row["timing_noise"] is True
+
+
+def test_mosaic_fp8_flag_reaches_the_rows(tmp_path, monkeypatch):
+  """--mosaic-fp8: each row's process routes FP8 caches to the Mosaic kernel (`ops.MOSAIC_FP8`) and the row
+  says so (on the CPU the dispatcher's XLA path serves the layers either way)."""
+  from pallas_kernels.gpu import ops
+  monkeypatch.setattr(ops, "MOSAIC_FP8", False)  # restored after the test
+  out = tmp_path / "tp.json"
+  rc = throughput.main(["--models", "tiny", "--formats", "fp8_e4m3", "--contexts", "256", "--mosaic-fp8",
+                        "--budget-gib", str(BUDGET_GIB), "--steps", "64", "--warm-steps", "4", "--skip-b1",
+                        "--reps", "1", "--prefill", "32", "--target-s", "0.01", "--in-process", "--out", str(out)])
+  assert rc == 0 and ops.MOSAIC_FP8
+  (row,) = json.loads(out.read_text())["rows"]
+  assert row["mosaic_fp8"] is True and "error" not in row
