@@ -44,17 +44,18 @@ def variant_options(text: str):
   """'preset' or 'preset+field=value+...' (an `mk.Options` field over a preset: 'dequant_denorm+lag=2');
   'fp8[+field=value...]': an `mf.Fp8Options`."""
   base, *edits = text.split("+")
-  presets = {**mk.VARIANTS, "fp8": mf.Fp8Options()}
-  if base not in presets:
-    raise ValueError(f"--builds: variant must be one of {tuple(presets)}, got {base!r}")
-  fields = {f.name: f for f in dataclasses.fields(type(presets[base]))}
+  if base == "fp8":
+    return mf.Fp8Options.parse(text)
+  if base not in mk.VARIANTS:
+    raise ValueError(f"--builds: variant must be one of {tuple(mk.VARIANTS) + ('fp8',)}, got {base!r}")
+  fields = {f.name: f for f in dataclasses.fields(mk.Options)}
   changes = {}
   for edit in edits:
     key, _, val = edit.partition("=")
     if key not in fields:
       raise ValueError(f"--builds: {key!r} is not an Options field (one of {tuple(fields)})")
     changes[key] = None if val == "None" else {"True": True, "False": False}.get(val, int(val) if val.isdigit() else val)
-  return dataclasses.replace(presets[base], **changes)
+  return dataclasses.replace(mk.VARIANTS[base], **changes)
 
 
 def parse_builds(text):

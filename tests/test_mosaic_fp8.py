@@ -213,3 +213,22 @@ def test_lowers_for_cuda(dtype, build):
   fn = jax.jit(lambda *a: mf.fp8_states(*a, num_splits=2, num_queries=2, options=build))
   text = fn.trace(q_t, ln, k, ks, v, vs).lower(lowering_platforms=("cuda",)).as_text()
   assert "kvjax_mosaic_fp8" in text
+
+
+def test_precision_on_the_reference_lm(tmp_path):
+  """`benchmarks/mosaic_precision.py --kernel fp8` on the shipped reference LM's keys and values (one layer,
+  one window, interpreted): the default build and 3 e4m3 query terms equal the library reference far inside
+  FP8's own quantization error."""
+  import os
+  import sys
+  from kvjax.quality import reference_lm
+  if not reference_lm.available():
+    pytest.skip("no reference LM checkpoint")
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  import mosaic_precision
+  res = mosaic_precision.main(["--kernel", "fp8", "--tokens", "256", "--windows", "1", "--layers", "1",
+                               "--variants", "fp8,fp8+key_terms=3", "--out", str(tmp_path / "p.json")])
+  (row,) = res["rows"]
+  assert res["format"] == "fp8_e4m3" and "denorm_scale_bound" not in res
+  for build in ("fp8", "fp8+key_terms=3"):
+    assert 0 < row[f"{build}_rel_err"] < 1e-3 and row["quantization_rel_err"] > 20 * row[f"{build}_rel_err"]

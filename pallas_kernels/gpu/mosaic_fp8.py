@@ -91,6 +91,21 @@ class Fp8Options:
     return "fp8" + "".join(f"+{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
                            if getattr(self, f.name) != f.default)
 
+  @classmethod
+  def parse(cls, text: str) -> "Fp8Options":
+    """The inverse of `str`: 'fp8' or 'fp8+field=value+...' (ints, True / False, None)."""
+    base, *edits = text.split("+")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if base != "fp8":
+      raise ValueError(f"an Fp8Options build is 'fp8[+field=value...]', got {text!r}")
+    changes = {}
+    for edit in edits:
+      key, _, val = edit.partition("=")
+      if key not in fields:
+        raise ValueError(f"{key!r} is not an Fp8Options field (one of {sorted(fields)})")
+      changes[key] = {"None": None, "True": True, "False": False}.get(val, int(val) if val.lstrip("-").isdigit() else val)
+    return cls(**changes)
+
 
 def split_e4m3(q_t, terms: int):
   """q_t [B, K, H, N] f32 -> (terms [B, K, terms, N, H] float8_e4m3fn, inverse scale [B, K] f32): the
