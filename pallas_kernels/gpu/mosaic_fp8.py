@@ -3,11 +3,11 @@ to fp16 as WGMMA's register A operand. Session 18: written and checked on the CP
 compiled for an H200 there); not yet timed on the device, so `ops` takes it only when asked
 (``mosaic_fp8=True``).
 
-Why: the Triton FP8 kernel reads at ~0.93 of the stream alone, but through `ops` the call is at 0.86
-(B=8 32k: 142.7 us against torch SDPA's 245.5, 1.72x; the target is 1.85x): its merge and query
-preparation are separate launches. The Mosaic KIVI-2 kernel's call costs ~0.3 us more than the kernel
-(B=8 32k, session 17). This is that structure for FP8: one warpgroup per (sequence, KV head, split), the
-transposed problem with tokens on WGMMA's M axis,
+Why: the Triton FP8 kernel is 129.5 us alone at B=8 32k (0.935 of the stream, session 10's profile) and
+the call 142.4 (1.72x torch SDPA; its merge kernel 2.6 us): 1.85x needs ~132.7 through `ops`, so a kernel
+nearer the stream. This is the Mosaic KIVI-2 kernel's structure for FP8 (TMA-filled pipeline, few
+instructions per byte): one warpgroup per (sequence, KV head, split), the transposed problem with tokens on
+WGMMA's M axis,
 
   S^T [128 tok, N] = K [128 tok, H] . q^T [H, N]          (then x the keys' per-token scale, per row)
   O^T [H, N]      += V^T [H, 128 tok] . (p * s_v)^T [128 tok, N]
@@ -18,8 +18,9 @@ Triton kernels (fp16 logits, not the 8-bit dots those kernels measured slower). 
 stored: keys [B, K, S, H] (token rows, the A operand's K-major rows), values in tiles of `value_tile`
 tokens each stored as its [H, T] transpose (`kvjax.cache.VALUE_TILE`, the GPU default), scales [B, K, S].
 The splits share the live steps as `mosaic_kivi`'s balanced presets do (`mosaic_decode`'s rule).
-Per 128-token tile a thread converts 128 codes and issues 32 WGMMAs: ~0.02 instructions per cache byte
-against the KIVI-2 kernel's ~0.1 (`benchmarks/mosaic_sass.py --kernel fp8`).
+Per 128-token step (32 KB of codes) a thread converts 256 codes and issues 32 WGMMAs: 704 SASS instructions,
+22 per KB against the KIVI-2 kernel's 96 (`benchmarks/mosaic_sass.py --kernel fp8`, compiled for an H200 on
+the CPU; `decode_parts/mosaic_sass_aot_fp8_s18.json`).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ NEG = mk.NEG
 class Fp8Options:
   """How `fp8_states` builds its step.
 
-  tile: tokens per pipeline step (64 or 128; a multiple of the value tile): 128 keeps the shared memory
-    at 2 programs per SM with 2 stages (84 KB), 64 at 4 with 3 stages (~55 KB).
+  tile: tokens per pipeline step (64 or 128; a multiple of the value tile). Shared memory per program
+    (compiled for an H200): 128 with 2 stages 76 KB (2 programs per SM), 3 stages 108 KB (2); 64 with 2
+    stages 42 KB (5), 3 stages 58 KB (3).
   stages: pipeline stages (TMA copies in flight per program; 256 x tile bytes of codes a stage).
   lag: WGMMA groups left in flight while the next slab is converted (None: all issued, then waited).
   min_share: each split takes at least this many of the live steps (the splits past them none).
