@@ -196,6 +196,22 @@ def test_ops_refuses_what_the_kernel_does_not_take():
     ops.decode_attention(q_wide, c, interpret=True, mosaic_fp8=True)
 
 
+def test_the_default_switch_leaves_the_rest_to_triton(monkeypatch):
+  """ops.MOSAIC_FP8 on: a plain FP8 call goes to the Mosaic kernel, one with a soft-cap (which it lacks) or
+  a Triton option still to Triton's kernel, not to an error or XLA."""
+  q, c = test_base.make_case("fp8_e4m3", [5, 200], value_tile=64)
+  calls = []
+  real = mf.decode_attention
+  monkeypatch.setattr(mf, "decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+  monkeypatch.setattr(ops, "MOSAIC_FP8", True)
+  ref = ops.decode_attention(q, c, interpret=True, mosaic_fp8=False)
+  out = ops.decode_attention(q, c, interpret=True)
+  assert calls == [1] and test_base.relative_error(np.asarray(out, np.float32), np.asarray(ref, np.float32)) < 1e-2
+  ops.decode_attention(q, c, interpret=True, logit_softcap=5.0)
+  ops.decode_attention(q, c, interpret=True, num_warps=4)
+  assert calls == [1]
+
+
 def test_default_splits_leave_four_tiles_a_split():
   assert mf.splits_for(8, 8, 32768) == 4    # 264 programs: one wave at 2 per SM
   assert mf.splits_for(1, 8, 32768) == 32   # capped by mosaic_decode.MAX_SPLITS

@@ -377,7 +377,11 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   triton_options = dict(block=block, num_warps=num_warps, num_stages=num_stages, narrow_qk=narrow_qk,
                         narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop, prefetch=prefetch,
                         packed_unpack=packed_unpack, fold_value_scales=fold_value_scales)
-  if mosaic_fp8 or (mosaic_fp8 is None and MOSAIC_FP8 and mfp8.supports(cache) is None):
+  # MOSAIC_FP8 as the default takes only what the Mosaic kernel does; the rest stays with Triton's
+  by_default = (mosaic_fp8 is None and MOSAIC_FP8 and mfp8.supports(cache) is None and not logit_softcap
+                and window is None and rows <= mfp8.ROWS and mosaic_window is None
+                and all(v is None for v in (*triton_options.values(), pallas_merge)))
+  if mosaic_fp8 or by_default:
     if mosaic_window is not None:
       raise NotImplementedError(f"pallas_gpu: mosaic_window={mosaic_window!r} applies to 'words' KIVI-2 caches")
     if not isinstance(mosaic_fp8, (bool, mfp8.Fp8Options, type(None))):
