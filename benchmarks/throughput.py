@@ -272,7 +272,7 @@ def run_row(model_name: str, fmt_name: str, context: int, budget_bytes: int, *, 
              step_ms=None, peak_gib=None, capacity=cap, budget_gib=budget_bytes / GIB,
              kv_gib=b * per_seq / GIB, bytes_per_seq=per_seq, platform=jax.default_backend(),
              device=str(jax.devices()[0].device_kind), implementation=implementation)
-  if mosaic_fp8:
+  if mosaic_fp8 and isinstance(fmt.key, formats.FP8Spec):  # the rows whose caches it can serve
     row["mosaic_fp8"] = True
   if b < 1:
     row["error"] = "no sequence fits the budget"

@@ -3,9 +3,9 @@
 # `carry: [".whl"]` after `bash benchmarks/runs/wheels.sh`). The Mosaic GPU FP8 kernel
 # (`pallas_kernels/gpu/mosaic_fp8.py`, `ops.decode_attention(mosaic_fp8=True)`), checked in the interpreter
 # only; compiled for an H200 on the CPU (`decode_parts/mosaic_sass_aot_fp8_s18.json`): 128-token steps 110
-# registers, 76 KB of shared memory (2 programs per SM), 704 SASS instructions a step (32 KB of codes);
-# 64-token steps 82 registers, 42 KB (5 per SM), 451; the keys as 8-bit products against q in 3 e4m3
-# terms (`key_terms=3`): 124 registers, 678. 1. its native tests (the states against the
+# registers, 76 KB of shared memory (2 programs per SM), 708 SASS instructions a step (32 KB of codes);
+# 64-token steps 82 registers, 42 KB (5 per SM), 453; the keys as 8-bit products against q in 2 / 3 e4m3
+# terms (`key_terms`): 124 / 145 registers, 658 / 718. 1. its native tests (the states against the
 # reference; the shared decode cases through ops); 2. the kernel alone at B=8 32k by build and splits.
 # Then `session18_b.sh`: through ops against Triton's FP8 kernel and torch SDPA.
 set -u

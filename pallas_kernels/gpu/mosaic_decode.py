@@ -77,12 +77,12 @@ MIN_TILES_PER_SPLIT = 4
 
 
 def default_splits(batch: int, kv_heads: int, tiles: int, tiles_per_step: int = 1,
-                   min_tiles: int = MIN_TILES_PER_SPLIT, target: int = TARGET_PROGRAMS) -> int:
+                   min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
   """Splits of the context for `batch` x `kv_heads` programs over `tiles` 128-token tiles: the largest
-  power of two <= target / programs (and MAX_SPLITS) that divides the tiles into whole steps and leaves
-  each split at least `min_tiles` tiles (1 split where the tiles are fewer)."""
+  power of two <= TARGET_PROGRAMS / programs (and MAX_SPLITS) that divides the tiles into whole steps
+  and leaves each split at least `min_tiles` tiles (1 split where the tiles are fewer)."""
   ns = 1
-  while (ns * 2 <= min(MAX_SPLITS, target // max(1, batch * kv_heads))
+  while (ns * 2 <= min(MAX_SPLITS, TARGET_PROGRAMS // max(1, batch * kv_heads))
          and tiles % (ns * 2 * tiles_per_step) == 0 and tiles // (ns * 2) >= min_tiles):
     ns *= 2
   return ns

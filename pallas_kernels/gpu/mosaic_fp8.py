@@ -14,11 +14,12 @@ WGMMA's M axis,
 
 with K and V^T read from TMA-filled shared memory in 16-column slabs and converted e4m3 / e5m2 -> fp16
 (one cvt per pair of codes) right before each WGMMA; q and p * s_v are the fp16 B operands, as in the
-Triton kernels (fp16 logits, not the 8-bit dots those kernels measured slower). The cache's layouts as
+Triton kernels (fp16 logits, not the 8-bit dots those kernels measured slower; p s_v times a power of two
+near the FP8 maximum, `VALUE_FOLD`, out of fp16's subnormals). The cache's layouts as
 stored: keys [B, K, S, H] (token rows, the A operand's K-major rows), values in tiles of `value_tile`
 tokens each stored as its [H, T] transpose (`kvjax.cache.VALUE_TILE`, the GPU default), scales [B, K, S].
 The splits share the live steps as `mosaic_kivi`'s balanced presets do (`mosaic_decode`'s rule).
-Per 128-token step (32 KB of codes) a thread converts 256 codes and issues 32 WGMMAs: 704 SASS instructions,
+Per 128-token step (32 KB of codes) a thread converts 256 codes and issues 32 WGMMAs: 708 SASS instructions,
 22 per KB against the KIVI-2 kernel's 96 (`benchmarks/mosaic_sass.py --kernel fp8`, compiled for an H200 on
 the CPU; `decode_parts/mosaic_sass_aot_fp8_s18.json`).
 """
@@ -46,6 +47,10 @@ ROWS = mk.ROWS      # query rows (WGMMA's N), padded
 SLAB = 16           # k columns per WGMMA (fp16)
 FP8_TYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 NEG = mk.NEG
+# p x s_v is stored fp16 times this power of two near the values' FP8 maximum (448 / 57344): a per-token
+# scale is |v|max / that maximum (~1e-5 for e5m2), so p s_v alone would sit in fp16's subnormals (the
+# Triton kernels fold the maximum likewise, `decode.FlatPlan.value_c`); o is divided by it at the end (exact).
+VALUE_FOLD = {jnp.dtype(jnp.float8_e4m3fn): 2.0 ** 8, jnp.dtype(jnp.float8_e5m2): 2.0 ** 15}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +161,7 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
       raise ValueError(f"{name} must be float8_e4m3fn or float8_e5m2, got {arr.dtype}")
   steps_cap = s // tile
   vt_per_step = tile // value_tile
+  fold = VALUE_FOLD[jnp.dtype(v.dtype)]
   swz = plgpu.find_swizzle(ROWS * 16, "rhs")
   b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
   code_tiles = (plgpu.TilingTransform((8, SLAB)),)  # 8-bit [rows, 16]: a slab is whole tiles
@@ -194,11 +200,14 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
     def step(idx, k_s, v_s, ks_s, vs_s, carry):
       o, m_prev, l_prev = carry
       with jax.named_scope("kmma"):
-        if nt:  # the tile as the 8-bit A operand in shared memory, one product per query term
+        if nt:  # the tile as the 8-bit A operand in shared memory, one product per query term, each in
+          # an accumulator of its own (Hopper's FP8 MMAs accumulate with ~14 bits: the small terms would be
+          # lost in the first's), summed in f32
           rows_j = lambda j: pl.ds(ROWS * j, ROWS)
           term = lambda j: (q_smem[rows_j(j)].T if interpret  # [H, N], K-major
                             else q_smem.at[rows_j(j)].transpose((1, 0)))
-          sc = mma(jnp.zeros((tile, ROWS), jnp.float32), [(lambda: k_s, term(j)) for j in range(nt)])
+          sc = functools.reduce(jnp.add, [mma(jnp.zeros((tile, ROWS), jnp.float32), [(lambda: k_s, term(j))])
+                                          for j in range(nt)])
         else:
           sc = mma(jnp.zeros((tile, ROWS), jnp.float32),
                    [(functools.partial(lambda m: slab(k_s.at[:, pl.ds(SLAB * m, SLAB)]), m),
@@ -214,7 +223,7 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
         p = jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0)
         l_new = l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
       with jax.named_scope("vprep"):
-        pt_smem[...] = (p * vs_s[...].astype(jnp.float32)[:, None]).astype(jnp.float16)
+        pt_smem[...] = (p * (vs_s[...].astype(jnp.float32) * fold)[:, None]).astype(jnp.float16)
         plgpu.commit_smem()
       with jax.named_scope("vmma"):
         per = value_tile // SLAB
@@ -234,7 +243,7 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
                   plgpu.BlockSpec((tile,), lambda t: (first + t,)),
                   plgpu.BlockSpec((tile,), lambda t: (first + t,))])
     o, m_f, l_f = pipe(k_g.at[bi, ki], v_g.at[bi, ki], ks_g.at[bi, ki], vs_g.at[bi, ki])
-    o_g[bi, ki, si] = o
+    o_g[bi, ki, si] = o * (1.0 / fold)
     m_g[bi, ki, si] = m_f
     l_g[bi, ki, si] = jnp.sum(l_f, axis=0) if opt.lazy_sums else l_f
 
@@ -283,8 +292,14 @@ TARGET_PROGRAMS = 2 * 132
 
 
 def splits_for(batch: int, kv_heads: int, capacity: int) -> int:
-  """`mosaic_decode.default_splits` at this kernel's TARGET_PROGRAMS: at least 4 tiles a split."""
-  return mosaic_decode.default_splits(batch, kv_heads, capacity // TILE, target=TARGET_PROGRAMS)
+  """The largest power of two <= TARGET_PROGRAMS / (batch x kv_heads) programs (and
+  `mosaic_decode.MAX_SPLITS`) leaving each split at least `mosaic_decode.MIN_TILES_PER_SPLIT` 128-token
+  tiles of the capacity; the splits share the live steps (`balanced_range`), so they need not divide it."""
+  ns, tiles = 1, capacity // TILE
+  while (ns * 2 <= min(mosaic_decode.MAX_SPLITS, TARGET_PROGRAMS // max(1, batch * kv_heads))
+         and tiles // (ns * 2) >= mosaic_decode.MIN_TILES_PER_SPLIT):
+    ns *= 2
+  return ns
 
 
 def supports(cache) -> str | None:
@@ -293,6 +308,8 @@ def supports(cache) -> str | None:
   for role, spec in (("key", fmt.key), ("value", fmt.value)):
     if not isinstance(spec, FP8Spec) or spec.static:
       return f"{role}s must be FP8 with per-token scales, got {spec}"
+  if fmt.sink:
+    return f"full-precision sink tokens are not read by this kernel (sink={fmt.sink})"
   if cache.v.tile not in (16, 32, 64, 128):
     return f"values must be stored in tiles of 16-128 tokens (`init_cache(value_tile=...)`), got {cache.v.tile}"
   if cache.head_dim != 128 or cache.capacity % TILE:

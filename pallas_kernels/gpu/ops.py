@@ -323,6 +323,9 @@ def _mosaic_fp8_attention(q, cache, sm_scale, softcap, window, interpret, num_sp
   if n // cache.num_kv_heads * t > mfp8.ROWS:
     raise NotImplementedError(f"pallas_gpu: the Mosaic FP8 kernel takes at most {mfp8.ROWS} query rows "
                               f"(heads per KV head x tokens) per KV head, got q {q.shape}")
+  if options.tile % cache.v.tile:
+    raise NotImplementedError(f"pallas_gpu: Fp8Options(tile={options.tile}) steps over whole value tiles; the "
+                              f"cache's are {cache.v.tile} tokens")
   return mfp8.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits, interpret=interpret,
                                options=options)
 
