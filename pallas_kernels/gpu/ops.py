@@ -304,11 +304,18 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 MOSAIC_FP8 = False
 
 
-def _triton_only(triton_options, what):
-  """NotImplementedError where Triton-kernel options were set for a cache that goes to a Mosaic kernel."""
+def _mosaic_refusals(q, cache, softcap, window, triton_options, kernel):
+  """NotImplementedError (so `dispatch` falls back) for what neither Mosaic kernel takes: Triton-kernel
+  options, a logit soft-cap or sliding window, more than 16 query rows (heads per KV head x tokens)."""
   set_opts = sorted(k for k, v in triton_options.items() if v is not None)
   if set_opts:
-    raise NotImplementedError(f"pallas_gpu: options {set_opts} tune the Triton kernels, not {what}")
+    raise NotImplementedError(f"pallas_gpu: options {set_opts} tune the Triton kernels, not {kernel}")
+  if softcap or window is not None:
+    raise NotImplementedError(f"pallas_gpu: {kernel} has no logit soft-cap or sliding window")
+  b, n, t, h = q.shape
+  if n // cache.num_kv_heads * t > mosaic_kivi.ROWS:
+    raise NotImplementedError(f"pallas_gpu: {kernel} takes at most {mosaic_kivi.ROWS} query rows (heads per KV "
+                              f"head x tokens) per KV head, got q {q.shape}")
 
 
 def _mosaic_fp8_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, triton_options, options):
@@ -316,13 +323,7 @@ def _mosaic_fp8_attention(q, cache, sm_scale, softcap, window, interpret, num_sp
   NotImplementedError otherwise."""
   if (why := mfp8.supports(cache)) is not None:
     raise NotImplementedError(f"pallas_gpu: mosaic_fp8: {why}")
-  _triton_only(triton_options, "the Mosaic FP8 kernel")
-  if softcap or window is not None:
-    raise NotImplementedError("pallas_gpu: the Mosaic FP8 kernel has no logit soft-cap or sliding window")
-  b, n, t, h = q.shape
-  if n // cache.num_kv_heads * t > mfp8.ROWS:
-    raise NotImplementedError(f"pallas_gpu: the Mosaic FP8 kernel takes at most {mfp8.ROWS} query rows "
-                              f"(heads per KV head x tokens) per KV head, got q {q.shape}")
+  _mosaic_refusals(q, cache, softcap, window, triton_options, "the Mosaic FP8 kernel")
   if options.tile % cache.v.tile:
     raise NotImplementedError(f"pallas_gpu: Fp8Options(tile={options.tile}) steps over whole value tiles; the "
                               f"cache's are {cache.v.tile} tokens")
@@ -337,13 +338,7 @@ def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits
   mosaic_window: `mosaic_decode.decode_attention`'s window (where the residual window's state is made)."""
   if (why := mosaic_decode.supports(cache)) is not None:
     raise NotImplementedError(f"pallas_gpu: 'words' KIVI cache: {why}")
-  _triton_only(triton_options, "the Mosaic KIVI-2 kernel a 'words' cache goes to")
-  if softcap or window is not None:
-    raise NotImplementedError("pallas_gpu: the Mosaic KIVI-2 kernel has no logit soft-cap or sliding window")
-  b, n, t, h = q.shape
-  if n // cache.num_kv_heads * t > mosaic_kivi.ROWS:
-    raise NotImplementedError(f"pallas_gpu: the Mosaic KIVI-2 kernel takes at most {mosaic_kivi.ROWS} query "
-                              f"rows (heads per KV head x tokens) per KV head, got q {q.shape}")
+  _mosaic_refusals(q, cache, softcap, window, triton_options, "the Mosaic KIVI-2 kernel a 'words' cache goes to")
   return mosaic_decode.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits,
                                         interpret=interpret, window=mosaic_window)
 
