@@ -71,7 +71,7 @@ class Fp8Options:
     shared memory as an 8-bit WGMMA A operand (no loads, no conversions) against the query split into that
     many e4m3 terms (`split_e4m3`; one power-of-two scale per (sequence, KV head)), one 8-bit product per
     term. Relative logit error on random data (codes ~N(0, 40), q ~N(0, 0.13) with outlier channels):
-    2 terms 6.3e-4, 3 terms 2.5e-5; fp16 q 1.9e-4, bf16 1.6e-3 (session 18, numpy with ml_dtypes).
+    2 terms 6.3e-4, 3 terms 2.5e-5; fp16 q 1.9e-4, bf16 1.6e-3 (`benchmarks/split_precision.py`).
   """
   tile: int = 128
   stages: int = 2
