@@ -113,5 +113,7 @@ def test_compiles_the_kernel_for_an_h200_without_one(tmp_path):
                              "--target-config", target, "--ptxas", os.path.join(bin_, "ptxas"),
                              "--nvdisasm", os.path.join(bin_, "nvdisasm"), "--dump-root", str(tmp_path / "f"),
                              "--out", str(tmp_path / "f.json")])
-  # session 18: 110 registers, 76 KB of shared memory (2 programs per SM), 708 instructions a 128-token step
-  assert fp8["registers"] <= 128 and fp8["programs_per_sm_by_smem"] == 2 and 0 < fp8["sass_loop_instructions"] < 800
+  # session 19 (the code tiles swizzled, each loaded whole): 163-165 registers (session 18's 16-byte tiles 110),
+  # 76 KB of shared memory (2 programs per SM, which the registers allow), 719 instructions a 128-token step
+  assert fp8["programs_per_sm_by_smem"] == 2 and fp8["programs_per_sm_by_registers"] >= 2
+  assert 0 < fp8["sass_loop_instructions"] < 800

@@ -72,6 +72,9 @@ class Fp8Options:
     many e4m3 terms (`split_e4m3`; one power-of-two scale per (sequence, KV head)), one 8-bit product per
     term. Relative logit error on random data (codes ~N(0, 40), q ~N(0, 0.13) with outlier channels):
     2 terms 6.3e-4, 3 terms 2.5e-5; fp16 q 1.9e-4, bf16 1.6e-3 (`benchmarks/split_precision.py`).
+  swizzle: the codes TMA-copied as swizzled tiles of whole rows (keys 128 bytes, values `value_tile` bytes;
+    value tiles of 16 tokens stay unswizzled); False: in [8, 16]-byte tiles, each slab whole tiles
+    (session 18's first build: 271 us at B=8 32k on the H200, bound by TMA's 16-byte rows).
   """
   tile: int = 128
   stages: int = 2
@@ -81,6 +84,8 @@ class Fp8Options:
   lazy_sums: bool = True
   approx_math: bool = True
   key_terms: int = 0
+  swizzle: bool = True
+  upcast_layout: bool = False
 
   def __post_init__(self):
     if self.tile not in (64, 128):
@@ -166,6 +171,9 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
   b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
   code_tiles = (plgpu.TilingTransform((8, SLAB)),)  # 8-bit [rows, 16]: a slab is whole tiles
   wide_tiles = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))  # 8-bit [rows, 128]: WGMMA's smem A / B
+  key_tiles = wide_tiles if (opt.key_terms or opt.swizzle) else code_tiles
+  value_tiles = ((plgpu.TilingTransform((8, value_tile)), plgpu.SwizzleTransform(value_tile))
+                 if opt.swizzle and value_tile >= 32 else code_tiles)
   nt = opt.key_terms
   if nt:
     q8, q_inv = split_e4m3(q_t, nt)
@@ -176,6 +184,22 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
     """A [rows, 16] FP8 slab of shared memory as fp16 in WGMMA's A layout."""
     x = ref[...] if interpret else plgpu.load(ref, layout=plgpu.Layout.WGMMA, optimized=False)
     return x.astype(jnp.float16)
+
+  load_layout = plgpu.Layout.WGMMA_UPCAST_2X if opt.upcast_layout else plgpu.Layout.WGMMA
+
+  def slabs(ref, count, swizzled):
+    """The [rows, 16 x count] FP8 ref as `count` thunks of fp16 [rows, 16] A operands: a swizzled ref is
+    loaded whole on the first (its tiles are whole rows; a slab is no slice of them) and sliced in registers."""
+    if not swizzled:
+      return [functools.partial(lambda m: slab(ref.at[:, pl.ds(SLAB * m, SLAB)]), m) for m in range(count)]
+    held = []
+
+    def one(m):
+      if not held:
+        held.append(ref[...] if interpret else plgpu.load(ref, layout=load_layout, optimized=False))
+      x = held[0][:, SLAB * m:SLAB * (m + 1)].astype(jnp.float16)
+      return plgpu.layout_cast(x, plgpu.Layout.WGMMA) if opt.upcast_layout and not interpret else x
+    return [functools.partial(one, m) for m in range(count)]
 
   def body(q_g, inv_g, len_g, k_g, v_g, ks_g, vs_g, o_g, m_g, l_g, q_smem, pt_smem, bar):
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
@@ -210,8 +234,8 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
                                           for j in range(nt)])
         else:
           sc = mma(jnp.zeros((tile, ROWS), jnp.float32),
-                   [(functools.partial(lambda m: slab(k_s.at[:, pl.ds(SLAB * m, SLAB)]), m),
-                     q_smem.at[pl.ds(SLAB * m, SLAB)]) for m in range(h // SLAB)])
+                   list(zip(slabs(k_s, h // SLAB, key_tiles is wide_tiles),
+                            [q_smem.at[pl.ds(SLAB * m, SLAB)] for m in range(h // SLAB)])))
       with jax.named_scope("softmax"):
         kscale = ks_s[...].astype(jnp.float32)
         sc = sc * (kscale if key_scale is None else kscale * key_scale)[:, None]
@@ -227,8 +251,9 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
         plgpu.commit_smem()
       with jax.named_scope("vmma"):
         per = value_tile // SLAB
-        pairs = [(functools.partial(lambda j: slab(v_s.at[pl.ds(j // per * h, h), pl.ds(j % per * SLAB, SLAB)]), j),
-                  pt_smem.at[pl.ds(SLAB * j, SLAB)]) for j in range(tile // SLAB)]
+        a_ops = [a for t in range(vt_per_step)
+                 for a in slabs(v_s.at[pl.ds(t * h, h)], per, value_tiles is not code_tiles)]
+        pairs = list(zip(a_ops, [pt_smem.at[pl.ds(SLAB * j, SLAB)] for j in range(tile // SLAB)]))
         o = mma(o * alpha[None, :], pairs)
       if opt.manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
         plgpu.commit_smem()
@@ -238,8 +263,8 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
     init = (jnp.zeros((h, ROWS), jnp.float32), jnp.full((ROWS,), NEG, jnp.float32), jnp.zeros(l_shape, jnp.float32))
     pipe = plgpu.emit_pipeline(
         step, grid=(steps,), max_concurrent_steps=opt.stages, init_carry=init,
-        in_specs=[plgpu.BlockSpec((tile, h), lambda t: (first + t, 0), transforms=wide_tiles if nt else code_tiles),
-                  plgpu.BlockSpec((vt_per_step * h, value_tile), lambda t: (first + t, 0), transforms=code_tiles),
+        in_specs=[plgpu.BlockSpec((tile, h), lambda t: (first + t, 0), transforms=key_tiles),
+                  plgpu.BlockSpec((vt_per_step * h, value_tile), lambda t: (first + t, 0), transforms=value_tiles),
                   plgpu.BlockSpec((tile,), lambda t: (first + t,)),
                   plgpu.BlockSpec((tile,), lambda t: (first + t,))])
     o, m_f, l_f = pipe(k_g.at[bi, ki], v_g.at[bi, ki], ks_g.at[bi, ki], vs_g.at[bi, ki])
