@@ -113,9 +113,31 @@ def test_64_token_steps():
     assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
 
 
+@pytest.mark.parametrize("build", [mf.Fp8Options(key_perm=True), mf.Fp8Options(swizzle=False),
+                                   mf.Fp8Options(upcast_layout=True, tile=64)], ids=str)
+def test_load_builds(build):
+  """The ways the code tiles reach the A operand (`key_perm`: the query's channels permuted as the renamed key
+  registers' columns; unswizzled 16-byte tiles; the upcast layout), ragged lengths, T = 2, 32-token value tiles."""
+  q_t, ln, k, ks, v, vs = _case((300, 65, 0))
+  out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=32, num_queries=2, interpret=True,
+                      options=build)
+  ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=32, num_queries=2)
+  assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
+
+
+def test_key_perm_is_the_registers_renaming():
+  """KEY_PERM is a permutation of a slab's 16 columns taking WGMMA's 16-bit A layout (thread c of a quad: columns
+  2c, 2c + 1, 2c + 8, 2c + 9) onto the 8-bit one's 32-bit register (bytes 4c .. 4c + 3), in that order."""
+  assert sorted(mf.KEY_PERM) == list(range(16))
+  for c in range(4):
+    assert [mf.KEY_PERM[j] for j in (2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9)] == [4 * c + i for i in range(4)]
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
-@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64), mf.Fp8Options(key_terms=3)], ids=str)
+@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64), mf.Fp8Options(key_terms=3),
+                                   mf.Fp8Options(key_perm=True), mf.Fp8Options(swizzle=False),
+                                   mf.Fp8Options(upcast_layout=True)], ids=str)
 def test_states_match_reference_natively(dtype, build):
   """The compiled kernel == the reference (`benchmarks/runs/session18_a.sh`): ragged lengths, an empty
   sequence, one token, a split past the length, several query tokens."""
@@ -152,6 +174,10 @@ def test_bad_inputs_are_refused():
     mf.Fp8Options(tile=32)
   with pytest.raises(ValueError, match="key_terms must be"):
     mf.Fp8Options(key_terms=1)
+  with pytest.raises(ValueError, match="key_perm converts"):
+    mf.Fp8Options(key_perm=True, key_terms=2)
+  with pytest.raises(ValueError, match="swizzle=False"):
+    mf.Fp8Options(key_perm=True, swizzle=False)
   with pytest.raises(ValueError, match="divide the 64-token step"):
     call(value_tile=128, options=mf.Fp8Options(tile=64))
 
@@ -245,8 +271,9 @@ def test_default_splits_leave_four_tiles_a_split():
 @pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
                     reason="Mosaic GPU's CUDA lowering needs jax-cuda12-plugin")
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
-@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64, stages=3), mf.Fp8Options(key_terms=3)],
-                         ids=str)
+@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64, stages=3), mf.Fp8Options(key_terms=3),
+                                   mf.Fp8Options(key_perm=True), mf.Fp8Options(swizzle=False),
+                                   mf.Fp8Options(upcast_layout=True)], ids=str)
 def test_lowers_for_cuda(dtype, build):
   q_t, ln, k, ks, v, vs = _case((512, 200), dtype)
   fn = jax.jit(lambda *a: mf.fp8_states(*a, num_splits=2, num_queries=2, options=build))

@@ -31,6 +31,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -50,6 +51,10 @@ NEG = mk.NEG
 # p x s_v is stored fp16 times this power of two near the values' FP8 maximum (448 / 57344): a per-token
 # scale is |v|max / that maximum (~1e-5 for e5m2), so p s_v alone would sit in fp16's subnormals (the
 # Triton kernels fold the maximum likewise, `decode.FlatPlan.value_c`); o is divided by it at the end (exact).
+# key_perm: the 16-bit A layout holds columns (2c, 2c + 1) and (2c + 8, 2c + 9) of a 16-column slab in thread c
+# of a row quad; the 8-bit layout's 32-bit register holds bytes 4c .. 4c + 3. Taking the second as the first,
+# slab column j is byte KEY_PERM[j] of the slab.
+KEY_PERM = tuple(4 * (j % 8 // 2) + j % 2 + 2 * (j // 8) for j in range(SLAB))
 VALUE_FOLD = {jnp.dtype(jnp.float8_e4m3fn): 2.0 ** 8, jnp.dtype(jnp.float8_e5m2): 2.0 ** 15}
 
 
@@ -72,6 +77,12 @@ class Fp8Options:
     many e4m3 terms (`split_e4m3`; one power-of-two scale per (sequence, KV head)), one 8-bit product per
     term. Relative logit error on random data (codes ~N(0, 40), q ~N(0, 0.13) with outlier channels):
     2 terms 6.3e-4, 3 terms 2.5e-5; fp16 q 1.9e-4, bf16 1.6e-3 (`benchmarks/split_precision.py`).
+  upcast_layout: the swizzled tiles loaded in Mosaic's 8-bit upcast layout (32-bit loads), converted, then
+    moved to WGMMA's 16-bit A layout (a shuffle a register pair).
+  key_perm: the key tile loaded in WGMMA's 8-bit layout (each thread's four codes of a row in one 32-bit
+    load) and its registers taken as the 16-bit A layout as they are: slab columns in the order `KEY_PERM`
+    (within each 16), which the query's channels are put in before the kernel (a dot product over
+    channels does not depend on their order). Half the key loads, no shuffles.
   swizzle: the codes TMA-copied as swizzled tiles of whole rows (keys 128 bytes, values `value_tile` bytes;
     value tiles of 16 tokens stay unswizzled); False: in [8, 16]-byte tiles, each slab whole tiles
     (session 18's first build: 271 us at B=8 32k on the H200, bound by TMA's 16-byte rows).
@@ -86,6 +97,7 @@ class Fp8Options:
   key_terms: int = 0
   swizzle: bool = True
   upcast_layout: bool = False
+  key_perm: bool = False
 
   def __post_init__(self):
     if self.tile not in (64, 128):
@@ -98,6 +110,9 @@ class Fp8Options:
       raise ValueError(f"min_share must be >= 1, got {self.min_share}")
     if self.key_terms not in (0, 2, 3):
       raise ValueError(f"key_terms must be 0 (fp16 keys), 2 or 3 (8-bit key products), got {self.key_terms}")
+    if self.key_perm and (self.key_terms or not self.swizzle):
+      raise ValueError(f"key_perm converts swizzled fp16 key slabs: it needs swizzle=True and key_terms=0, got "
+                       f"swizzle={self.swizzle}, key_terms={self.key_terms}")
 
   def __str__(self):  # the fields off their defaults, as `benchmarks/mosaic_sass.py` names builds: fp8+tile=64
     return "fp8" + "".join(f"+{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
@@ -187,7 +202,7 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
 
   load_layout = plgpu.Layout.WGMMA_UPCAST_2X if opt.upcast_layout else plgpu.Layout.WGMMA
 
-  def slabs(ref, count, swizzled):
+  def slabs(ref, count, swizzled, is_key=False):
     """The [rows, 16 x count] FP8 ref as `count` thunks of fp16 [rows, 16] A operands: a swizzled ref is
     loaded whole on the first (its tiles are whole rows; a slab is no slice of them) and sliced in registers."""
     if not swizzled:
@@ -195,6 +210,13 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
     held = []
 
     def one(m):
+      if opt.key_perm and is_key:
+        if not held:
+          held.append(ref[...] if interpret else plgpu.load(ref, layout=plgpu.Layout.WGMMA_8BIT, optimized=False))
+        x = held[0][:, SLAB * m:SLAB * (m + 1)].astype(jnp.float16)
+        if interpret:  # byte 4c + 2h + i is column 8h + 2c + i
+          return x.reshape(-1, 4, 2, 2).transpose(0, 2, 1, 3).reshape(-1, SLAB)
+        return _as_wgmma(x)
       if not held:
         held.append(ref[...] if interpret else plgpu.load(ref, layout=load_layout, optimized=False))
       x = held[0][:, SLAB * m:SLAB * (m + 1)].astype(jnp.float16)
@@ -234,7 +256,7 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
                                           for j in range(nt)])
         else:
           sc = mma(jnp.zeros((tile, ROWS), jnp.float32),
-                   list(zip(slabs(k_s, h // SLAB, key_tiles is wide_tiles),
+                   list(zip(slabs(k_s, h // SLAB, key_tiles is wide_tiles, is_key=True),
                             [q_smem.at[pl.ds(SLAB * m, SLAB)] for m in range(h // SLAB)])))
       with jax.named_scope("softmax"):
         kscale = ks_s[...].astype(jnp.float32)
@@ -289,8 +311,28 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
       kernel_name="kvjax_mosaic_fp8", **kw)
   v_rows = v.reshape(b, kh, s // value_tile * h, value_tile)  # each tile's bytes as its [H, T] rows: free
   if not nt:
-    q8, q_inv = q_t, jnp.ones((b, kh), jnp.float32)
+    perm = [SLAB * (c // SLAB) + KEY_PERM[c % SLAB] for c in range(h)]
+    q8, q_inv = (q_t[:, :, jnp.array(perm)] if opt.key_perm else q_t), jnp.ones((b, kh), jnp.float32)
   return f(q8, q_inv, lengths, k, v_rows, ks, vs)
+
+
+def _as_wgmma(x):
+  """fp16 [rows, 16] in WGMMA's 8-bit layout (4 columns a register) -> the same registers in WGMMA's 16-bit A
+  layout (2 a register: a register's first pair as the slab's column tile 0, its second as tile 1), so
+  column j of the result is column KEY_PERM[j] of x. Registers are renamed, nothing moves."""
+  from jax.experimental.mosaic.gpu import WGMMA_LAYOUT, FragmentedArray, utils  # noqa: PLC0415 (kernel only)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT,),
+                     return_type=plgpu.ShapeDtypeStruct(x.shape, jnp.float16, layout=plgpu.Layout.WGMMA))
+  def rename(ctx, a):
+    del ctx
+    regs = np.empty(WGMMA_LAYOUT.registers_shape(a.shape), dtype=object)
+    for idx, r in np.ndenumerate(a.registers):
+      for i in range(2):
+        regs[(idx[0], 2 * idx[1] + i, *idx[2:])] = utils.vector_slice(r, slice(2 * i, 2 * i + 2))
+    assert all(r is not None for r in regs.flat)
+    return FragmentedArray(_registers=regs, _layout=WGMMA_LAYOUT, _is_signed=None)
+  return rename(x)
 
 
 @functools.partial(jax.jit, static_argnames=("num_splits", "value_tile", "num_queries"))
