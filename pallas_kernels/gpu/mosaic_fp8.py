@@ -1,7 +1,10 @@
 """FP8 (e4m3 / e5m2, one scale per token) decode states on Mosaic GPU (Pallas `plgpu`), the codes upcast
-to fp16 as WGMMA's register A operand. Session 18: written and checked on the CPU (the interpreter, and
-compiled for an H200 there); not yet timed on the device, so `ops` takes it only when asked
-(``mosaic_fp8=True``).
+to fp16 as WGMMA's register A operand. Timed on the H200 in session 19 (`benchmarks/NOTES_gpu.md`): at
+parity with the Triton FP8 kernel, not past it, so `ops` takes it only when asked (``mosaic_fp8=True``).
+B=8 32k through ops: 148.1 us over the cache's 64-token value tiles, 138.6 over 128-token tiles, against
+Triton's 138.7-140.5 (64-token tiles; 175.7 over 128) and torch SDPA's 244.4; B=8 128k 555.8 / 515.5
+against 516.3-544.4. Session 18's first build copied the codes as [8, 16]-byte tiles: 271 us, bound by
+TMA's 16-byte rows; the codes now go in swizzled tiles of whole rows (`Fp8Options.swizzle`).
 
 Why: the Triton FP8 kernel is 129.5 us alone at B=8 32k (0.935 of the stream, session 10's profile) and
 the call 142.4 (1.72x torch SDPA; its merge kernel 2.6 us): 1.85x needs ~132.7 through `ops`, so a kernel
@@ -12,16 +15,16 @@ WGMMA's M axis,
   S^T [128 tok, N] = K [128 tok, H] . q^T [H, N]          (then x the keys' per-token scale, per row)
   O^T [H, N]      += V^T [H, 128 tok] . (p * s_v)^T [128 tok, N]
 
-with K and V^T read from TMA-filled shared memory in 16-column slabs and converted e4m3 / e5m2 -> fp16
-(one cvt per pair of codes) right before each WGMMA; q and p * s_v are the fp16 B operands, as in the
-Triton kernels (fp16 logits, not the 8-bit dots those kernels measured slower; p s_v times a power of two
-near the FP8 maximum, `VALUE_FOLD`, out of fp16's subnormals). The cache's layouts as
+with K and V^T read from TMA-filled shared memory, loaded whole and converted e4m3 / e5m2 -> fp16 a
+16-column slab at a time (one cvt per pair of codes) right before each WGMMA; q and p * s_v are the fp16 B
+operands, as in the Triton kernels (fp16 logits, not the 8-bit dots those kernels measured slower; p s_v
+times a power of two near the FP8 maximum, `VALUE_FOLD`, out of fp16's subnormals). The cache's layouts as
 stored: keys [B, K, S, H] (token rows, the A operand's K-major rows), values in tiles of `value_tile`
 tokens each stored as its [H, T] transpose (`kvjax.cache.VALUE_TILE`, the GPU default), scales [B, K, S].
 The splits share the live steps as `mosaic_kivi`'s balanced presets do (`mosaic_decode`'s rule).
-Per 128-token step (32 KB of codes) a thread converts 256 codes and issues 32 WGMMAs: 708 SASS instructions,
-22 per KB against the KIVI-2 kernel's 96 (`benchmarks/mosaic_sass.py --kernel fp8`, compiled for an H200 on
-the CPU; `decode_parts/mosaic_sass_aot_fp8_s18.json`).
+Per 128-token step (32 KB of codes) a thread converts 256 codes and issues 32 WGMMAs: 719 SASS instructions
+(657 with `key_perm`), ~22 per KB against the KIVI-2 kernel's 96 (`benchmarks/mosaic_sass.py --kernel fp8`,
+compiled for an H200 on the CPU).
 """
 
 from __future__ import annotations
@@ -354,7 +357,8 @@ def reference_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile:
 
 
 # Programs to aim for (`splits_for`): the kernel holds 2 programs per SM (shared memory: 2 stages of 32 KB
-# codes); one wave of them on an H200. Untimed (session 18): the first device call sweeps the splits.
+# codes); one wave of them on an H200. Session 19 through ops: B=8 32k, the default's 4 splits 148.1 us, 8
+# splits 151.5; B=8 128k 555.8 / 580.7; B=64 4k, 1 split 146.5, 8 splits 172.6.
 TARGET_PROGRAMS = 2 * 132
 
 
