@@ -211,19 +211,18 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
     if not swizzled:
       return [functools.partial(lambda m: slab(ref.at[:, pl.ds(SLAB * m, SLAB)]), m) for m in range(count)]
     held = []
+    renamed = opt.key_perm and is_key
+    layout = plgpu.Layout.WGMMA_8BIT if renamed else load_layout
 
     def one(m):
-      if opt.key_perm and is_key:
-        if not held:
-          held.append(ref[...] if interpret else plgpu.load(ref, layout=plgpu.Layout.WGMMA_8BIT, optimized=False))
-        x = held[0][:, SLAB * m:SLAB * (m + 1)].astype(jnp.float16)
-        if interpret:  # byte 4c + 2h + i is column 8h + 2c + i
-          return x.reshape(-1, 4, 2, 2).transpose(0, 2, 1, 3).reshape(-1, SLAB)
-        return _as_wgmma(x)
       if not held:
-        held.append(ref[...] if interpret else plgpu.load(ref, layout=load_layout, optimized=False))
+        held.append(ref[...] if interpret else plgpu.load(ref, layout=layout, optimized=False))
       x = held[0][:, SLAB * m:SLAB * (m + 1)].astype(jnp.float16)
-      return plgpu.layout_cast(x, plgpu.Layout.WGMMA) if opt.upcast_layout and not interpret else x
+      if interpret:  # the same arithmetic: key_perm's columns in KEY_PERM order (byte 4c + 2h + i is 8h + 2c + i)
+        return x.reshape(-1, 4, 2, 2).transpose(0, 2, 1, 3).reshape(-1, SLAB) if renamed else x
+      if renamed:
+        return _as_wgmma(x)
+      return plgpu.layout_cast(x, plgpu.Layout.WGMMA) if opt.upcast_layout else x
     return [functools.partial(one, m) for m in range(count)]
 
   def body(q_g, inv_g, len_g, k_g, v_g, ks_g, vs_g, o_g, m_g, l_g, q_smem, pt_smem, bar):
