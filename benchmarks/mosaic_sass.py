@@ -1,6 +1,7 @@
 """What the Mosaic GPU KIVI-2 kernel (`pallas_kernels.gpu.mosaic_kivi`; `--kernel fp8`: the FP8 one,
 `pallas_kernels.gpu.mosaic_fp8`, builds named 'name:fp8[+field=value...]' over `Fp8Options`) compiles to, on a GPU: for each
-build (a variant, with or without the residual window as one more program), the registers per thread
+build (a variant, with or without the residual window as one more program, or that and the merge in the
+kernel: ":merged"), the registers per thread
 and spills from ptxas, the resident programs per SM they allow, and the kernel's time alone (B=8, 32k,
 8 splits, same caches as `mosaic_kivi_bench.py`); with --ptxas / --nvdisasm the tile loop's SASS (its
 instruction count and mix per 128-token tile, `ptx_registers.py`). With --target-config it compiles for
@@ -59,14 +60,16 @@ def variant_options(text: str):
 
 
 def parse_builds(text):
-  """'name:variant[:window];...' -> [(name, variant, window?)], variant as `variant_options` reads it."""
+  """'name:variant[:window|:merged];...' -> [(name, variant, window)], variant as `variant_options` reads it;
+  window "" (none), "window" (the residual window as one more program) or "merged" (that, and the states
+  merged in the kernel over a cluster: `kivi2_states(merged=...)`)."""
   out = []
   for item in filter(None, text.split(";")):
     parts = item.split(":")
-    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "window"):
-      raise ValueError(f"--builds: each item must be name:variant[:window], got {item!r}")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("window", "merged")):
+      raise ValueError(f"--builds: each item must be name:variant[:window|:merged], got {item!r}")
     variant_options(parts[1])
-    out.append((parts[0], parts[1], len(parts) == 3))
+    out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else ""))
   return out
 
 
@@ -94,19 +97,28 @@ def fp8_caches(b, ctx, key, dtype=jnp.float8_e4m3fn):
 
 
 def states_fn(variant, splits, window):
-  """q [B, N, 1, H] + a cache -> [B, N, 1, H] through the kernel's states and the XLA merge."""
+  """q [B, N, 1, H] + a cache -> [B, N, 1, H] through the kernel's states and the XLA merge, or the kernel
+  alone where it merges (an FP8 build with fused=True: `fp8_attention`; window "merged")."""
   def f(q, lengths, cache, win):  # win: (full lengths, k_res, v_res); one query token
     b, n, _, h = q.shape
     kh = cache[0].shape[1]
     rep = n // kh
-    q_t = (q.astype(jnp.float32).reshape(b, kh, rep, h) * (h ** -0.5 * decode.LOG2E)).swapaxes(-1, -2)
+    scale = h ** -0.5 * decode.LOG2E
+    if isinstance(variant, mf.Fp8Options) and variant.fused:
+      out = mf.fp8_attention(q.reshape(b, kh, rep, h), scale, lengths, *cache, num_splits=splits, options=variant)
+      return out.reshape(b, n, 1, h)
+    q_t = (q.astype(jnp.float32).reshape(b, kh, rep, h) * scale).swapaxes(-1, -2)
     q_t = jnp.pad(q_t, ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
     if isinstance(variant, mf.Fp8Options):
       o_t, m, l = mf.fp8_states(q_t, lengths, *cache, num_splits=splits, options=variant)
       return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
     kern_len = jnp.maximum(lengths - mk.TILE, 0) if window else lengths
-    o_t, m, l = mk.kivi2_states(q_t, kern_len, *cache, num_splits=splits, variant=variant,
-                                window=(*win, 1) if window else None)
+    res = mk.kivi2_states(q_t, kern_len, *cache, num_splits=splits, variant=variant,
+                          window=(*win, 1) if window else None,
+                          merged=(rep, q.dtype) if window == "merged" else None)
+    if window == "merged":
+      return res.reshape(b, n, 1, h)
+    o_t, m, l = res
     return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
   return f
 

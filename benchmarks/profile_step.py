@@ -93,7 +93,8 @@ def profile_point(fmt_name: str, batch: int, context: int, steps: int, process: 
   from kernel_variants import split_layout
   if what not in WHAT:
     raise ValueError(f"what must be one of {WHAT}, got {what!r}")
-  layout, opts = split_layout(opts)
+  recorded = dict(opts or {})  # as given (JSON): with `value_tile`, which split_layout takes out
+  layout, opts = split_layout(dk.sweep_options(opts or {}))  # a dict under "mosaic_fp8": an Fp8Options
   key = jax.random.PRNGKey(0)
   length, nb, ns, caches, q = dk.cache_sets(fmt_name, batch, context, key)
   caches = tuple(layout(c) for c in caches)
@@ -117,7 +118,7 @@ def profile_point(fmt_name: str, batch: int, context: int, steps: int, process: 
       jax.block_until_ready(carry)
     out = kernel_times(_read_trace(d), steps * ns, process, thread)
   out.update(format=fmt_name, batch=batch, context=context, what=what, steps=steps, cache_sets=ns,
-             bytes_read=int(nb), options=opts or {})
+             bytes_read=int(nb), options=recorded)
   return out
 
 

@@ -57,6 +57,75 @@ def test_states_match_reference_in_the_interpreter(dtype, scale_dtype, lengths, 
     np.testing.assert_allclose(np.asarray(m)[np.asarray(rl) > 0], np.asarray(rm)[np.asarray(rl) > 0], atol=2e-3)
 
 
+def _fused_case(lengths, rows, dtype=jnp.float8_e4m3fn, q_dtype=jnp.bfloat16, **kw):
+  """(q [B, K, rows, H] in q_dtype, scale, cache arrays) and the states reference's q_t for them."""
+  q_t, ln, k, ks, v, vs = _case(lengths, dtype, **kw)
+  scale = 0.7
+  q = (jnp.swapaxes(q_t, -1, -2)[:, :, :rows] / scale).astype(q_dtype)
+  ref_q_t = jnp.pad(jnp.swapaxes(q.astype(jnp.float32) * scale, -1, -2), ((0, 0), (0, 0), (0, 0), (0, mf.ROWS - rows)))
+  return q, scale, (ln, k, ks, v, vs), ref_q_t
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("lengths,splits,queries,rows", [((512, 200), 2, 1, 4), ((0, 129), 4, 1, 16),
+                                                         ((384, 1), 1, 1, 4), ((300, 3), 2, 3, 6),
+                                                         ((512, 511), 8, 1, 1)])
+def test_glue_in_the_kernel_matches_the_reference(dtype, lengths, splits, queries, rows):
+  """`fp8_attention`: the query rows as given (scaled, transposed and padded in the kernel), the splits of a
+  (b, k) one cluster merged by its first program, the rows stored in q's dtype: equal to the merged reference
+  states to bf16's rounding; a sequence of length 0 gives zeros."""
+  q, scale, arrays, ref_q_t = _fused_case(lengths, rows, dtype, capacity=1024)
+  out = mf.fp8_attention(q, scale, *arrays, num_splits=splits, num_queries=queries, interpret=True)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  ref = _merged(*mf.reference_states(ref_q_t, *arrays, num_splits=splits, num_queries=queries))[:, :, :rows]
+  out = np.asarray(out, np.float32)
+  assert test_base.relative_error(out, ref) < 4e-3  # bf16 output (2^-9 relative rounding)
+  assert np.abs(out - ref).max() <= 2e-2 * np.abs(ref).max()
+  for i, n in enumerate(lengths):
+    if n == 0:
+      assert not out[i].any()
+
+
+def test_glue_in_the_kernel_other_dtypes_and_builds():
+  """f32 queries in, f32 out; 64-token steps over 32-token value tiles; key_perm (the rows permuted before the
+  kernel); each the same as the states path merged in XLA."""
+  q, scale, arrays, ref_q_t = _fused_case((300, 65), 4, q_dtype=jnp.float32)
+  for build, value_tile in ((mf.Fp8Options(), 64), (mf.Fp8Options(tile=64), 32), (mf.Fp8Options(key_perm=True), 64)):
+    out = mf.fp8_attention(q, scale, *arrays, num_splits=2, value_tile=value_tile, interpret=True, options=build)
+    assert out.dtype == jnp.float32
+    ref = _merged(*mf.fp8_states(ref_q_t, *arrays, num_splits=2, value_tile=value_tile, interpret=True,
+                                 options=build))[:, :, :4]
+    assert test_base.relative_error(np.asarray(out), ref) < 1e-5, build
+
+
+def test_glue_in_the_kernel_refuses_what_it_cannot_do():
+  q, scale, arrays, _ = _fused_case((10, 20), 4)
+  with pytest.raises(ValueError, match="num_splits must be 1..8"):
+    mf.fp8_attention(q, scale, *arrays, num_splits=16, interpret=True)
+  with pytest.raises(ValueError, match="key_terms must be 0"):
+    mf.fp8_attention(q, scale, *arrays, num_splits=2, interpret=True, options=mf.Fp8Options(key_terms=2))
+  with pytest.raises(ValueError, match="q must be"):
+    mf.fp8_attention(jnp.zeros((2, 2, 17, 128), jnp.bfloat16), scale, *arrays, num_splits=2, interpret=True)
+  fused = mf.Fp8Options(fused=True)
+  assert mf.fused_call(fused, 1) and mf.fused_call(fused, 8)
+  assert not mf.fused_call(fused, 16) and not mf.fused_call(mf.Fp8Options(), 4)
+  assert not mf.fused_call(mf.Fp8Options(fused=True, key_terms=3), 4)
+
+
+def test_ops_glue_in_the_kernel_or_in_xla(monkeypatch):
+  """Through ops: `fused=True` at 1 and 4 splits equals the default (q prep and merge in XLA)."""
+  q, c = test_base.make_case("fp8_e4m3", [700, 1500], capacity=2048, value_tile=64)
+  seen = []
+  real = mf.fp8_attention
+  monkeypatch.setattr(mf, "fp8_attention", lambda *a, **k: seen.append(k["num_splits"]) or real(*a, **k))
+  mf._decode.clear_cache()
+  for splits in (1, 4):
+    ref = ops.decode_attention(q, c, interpret=True, mosaic_fp8=True, num_splits=splits)
+    out = ops.decode_attention(q, c, interpret=True, mosaic_fp8=mf.Fp8Options(fused=True), num_splits=splits)
+    assert test_base.relative_error(np.asarray(out, np.float32), np.asarray(ref, np.float32)) < 4e-3
+  assert seen == [1, 4]
+
+
 def test_min_share_leaves_the_later_splits_empty():
   """min_share=4: a 512-token sequence (4 steps) is one split's work; the other three see nothing and
   the merge is unchanged."""
@@ -146,6 +215,21 @@ def test_states_match_reference_natively(dtype, build):
     out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries, options=build)
     ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries)
     assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
+@pytest.mark.parametrize("splits", [1, 2, 4, 8])
+@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64, stages=3)], ids=str)
+def test_glue_in_the_kernel_natively(build, splits):
+  """The compiled `fp8_attention` (the cluster's merge through global memory and TMA) == the reference, over
+  many (b, k) clusters, repeated (an ordering bug would show as a sometimes-wrong row)."""
+  lengths = (4096, 0, 1, 2000, 3333, 129, 4095, 700)
+  q, scale, arrays, ref_q_t = _fused_case(lengths, 4, capacity=4096, kv_heads=8)
+  ref = _merged(*mf.reference_states(ref_q_t, *arrays, num_splits=splits))[:, :, :4]
+  for _ in range(5):
+    out = np.asarray(mf.fp8_attention(q, scale, *arrays, num_splits=splits, options=build), np.float32)
+    assert test_base.relative_error(out, ref) < 4e-3
+    assert np.abs(out - ref).max() <= 2e-2 * np.abs(ref).max() and not out[1].any()
 
 
 def test_bad_inputs_are_refused():
@@ -279,6 +363,10 @@ def test_lowers_for_cuda(dtype, build):
   fn = jax.jit(lambda *a: mf.fp8_states(*a, num_splits=2, num_queries=2, options=build))
   text = fn.trace(q_t, ln, k, ks, v, vs).lower(lowering_platforms=("cuda",)).as_text()
   assert "kvjax_mosaic_fp8" in text
+  if not build.key_terms:  # the glue in the kernel: 4 splits as one cluster
+    q, scale, arrays, _ = _fused_case((512, 200), 4, dtype)
+    fn = jax.jit(lambda q, *a: mf.fp8_attention(q, scale, *a, num_splits=4, num_queries=2, options=build))
+    assert "kvjax_mosaic_fp8" in fn.trace(q, *arrays).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_precision_on_the_reference_lm(tmp_path):

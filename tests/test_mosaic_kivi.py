@@ -163,16 +163,28 @@ def test_unwritten_slots_with_zero_scales_stay_finite(variant):
   assert test_base.relative_error(out[0], ref[0]) < 2e-3
 
 
+def test_balanced_splits_need_not_divide_the_tiles():
+  """A balanced variant shares the live steps among any number of splits (3 over 4 tiles, 5 over 4: one empty),
+  as the cluster merge's NS + 1 <= 8 states want (7 splits and the window)."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case()
+  args = (ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
+  ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=1)
+  for splits in (3, 5):
+    out = mk.kivi2_states(q_t, *args, num_splits=splits, interpret=True, variant=mosaic_decode.DEFAULT_VARIANT)
+    merged = lambda o, m, l: decode.combine(jnp.swapaxes(o, -1, -2), m, l, mk.ROWS)
+    assert test_base.relative_error(merged(*out), merged(*ref)) < 2e-3, splits
+
+
 def test_bad_shapes_are_refused():
   q_t, ln, kc, ks, kz, vc, vs, vz = _case()
   args = (ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
   with pytest.raises(ValueError, match=r"q_t must be \[B, K, 128, 16\], got \(2, 2, 128, 8\)"):
     mk.kivi2_states(q_t[..., :8], *args, num_splits=1, interpret=True)
-  with pytest.raises(ValueError, match=r"capacity 512 must be a multiple of 128 x num_splits \(3\)"):
+  with pytest.raises(ValueError, match=r"capacity 512 must be a multiple of 128 x tiles_per_step \(1\) x num_splits \(3\)"):
     mk.kivi2_states(q_t, *args, num_splits=3, interpret=True)
   with pytest.raises(ValueError, match=r"vs must be \(2, 2, 512\), got \(2, 2, 256\)"):
     mk.kivi2_states(q_t, *args[:5], vs[..., :256], vz, num_splits=1, interpret=True)
-  with pytest.raises(ValueError, match=r"capacity 512 must be a multiple of 128 x num_splits \(4\) x tiles_per_step \(2\)"):
+  with pytest.raises(ValueError, match=r"capacity 512 must be a multiple of 128 x tiles_per_step \(2\) x num_splits \(4\)"):
     mk.kivi2_states(q_t, *args, num_splits=4, interpret=True, variant="dequant2")
   with pytest.raises(ValueError, match=r"variant must be an Options or one of \('offset', 'exact', .*\), got 'fast'"):
     mk.kivi2_states(q_t, *args, num_splits=1, interpret=True, variant="fast")
@@ -274,6 +286,11 @@ def test_lowers_for_cuda_with_the_window_as_one_more_program(dtype):
                                           window=(a[8], ring, ring, 2)))
   text = fn.trace(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz, ln + 128).lower(
       lowering_platforms=("cuda",)).as_text()
+  assert "kvjax_mosaic_kivi2" in text
+  merged = jax.jit(lambda *a: mk.kivi2_states(*a[:8], num_splits=2, variant=mosaic_decode.DEFAULT_VARIANT,
+                                              window=(a[8], ring, ring, 2), merged=(8, jnp.bfloat16)))
+  text = merged.trace(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz, ln + 128).lower(
+      lowering_platforms=("cuda",)).as_text()  # the 3 states merged in a cluster
   assert "kvjax_mosaic_kivi2" in text
 
 

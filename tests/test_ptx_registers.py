@@ -56,14 +56,14 @@ def test_no_header_is_an_error():
 
 
 def test_build_list_and_dump_reading(tmp_path):
-  assert mosaic_sass.parse_builds("a:dequant_mask_s16_bal;b:dequant_mask_s16_bal:window") == [
-      ("a", "dequant_mask_s16_bal", False), ("b", "dequant_mask_s16_bal", True)]
+  assert mosaic_sass.parse_builds("a:dequant_mask_s16_bal;b:dequant_mask_s16_bal:window;c:dequant_denorm:merged") == [
+      ("a", "dequant_mask_s16_bal", ""), ("b", "dequant_mask_s16_bal", "window"), ("c", "dequant_denorm", "merged")]
   with pytest.raises(ValueError, match="name:variant"):
     mosaic_sass.parse_builds("a:dequant_mask_s16_bal:twice")
   with pytest.raises(ValueError, match="variant must be one of"):
     mosaic_sass.parse_builds("a:nope")
   # a preset with Options fields changed
-  assert mosaic_sass.parse_builds("c:dequant_denorm+lag=2+shift32=True") == [("c", "dequant_denorm+lag=2+shift32=True", False)]
+  assert mosaic_sass.parse_builds("c:dequant_denorm+lag=2+shift32=True") == [("c", "dequant_denorm+lag=2+shift32=True", "")]
   opt = mosaic_sass.variant_options("dequant_denorm+lag=2+shift32=True+lag=None")
   assert opt.lag is None and opt.shift32 and opt.unpack == "denorm"
   with pytest.raises(ValueError, match="'lags' is not an Options field"):

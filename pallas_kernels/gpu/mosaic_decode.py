@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from kvjax import quant
 from kvjax.formats import KIVISpec
-from pallas_kernels.gpu import decode, mosaic_kivi as mk, window_merge
+from pallas_kernels.gpu import decode, mosaic_epilogue as epilogue, mosaic_kivi as mk, window_merge
 
 __all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT",
            "WINDOWS", "DEFAULT_WINDOW", "auto_window"]
@@ -58,6 +58,16 @@ DEFAULT_VARIANT = "dequant_denorm_s32_mb"
 # written as two `pl.when`s, it kept the kernel at 141 registers, 3 programs per SM instead of 4.)
 WINDOWS = ("auto", "pallas", "kernel", "xla")
 DEFAULT_WINDOW = "auto"
+# Session 20 (no device lent): with window "kernel", the NS + 1 states merged inside the kernel, the splits of a
+# (b, k) one thread-block cluster (`mosaic_epilogue`), where NS + 1 <= CLUSTER_MAX. It removes XLA's merge
+# (session 17's profiles: 3.0-6.0 us of glue at B=1 / B=8, 1k / 4k, 2 / 4 splits, against kernels of 6-31 us).
+# Interpreted and compiled for an H200 on the CPU; off until `benchmarks/runs/session20_b.sh` has shown it
+# right and faster on the device. The merged kernel holds 133 registers against 121 (B=1 1k, 2 splits + the
+# window, `mosaic_sass`-style AOT compile): 3 programs per SM instead of 4, so it is taken only where all the
+# programs fit one wave at 3 per SM (CLUSTER_MERGE_MAX_PROGRAMS), i.e. short contexts and small batches, where
+# the XLA merge is a large share of the call.
+CLUSTER_MERGE = False
+CLUSTER_MERGE_MAX_PROGRAMS = 3 * 132
 
 
 def auto_window(variant: str | mk.Options, k_res_dtype, v_res_dtype) -> str:
@@ -77,13 +87,14 @@ MIN_TILES_PER_SPLIT = 4
 
 
 def default_splits(batch: int, kv_heads: int, tiles: int, tiles_per_step: int = 1,
-                   min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
+                   min_tiles: int = MIN_TILES_PER_SPLIT, *, target: int = TARGET_PROGRAMS, divides: bool = True) -> int:
   """Splits of the context for `batch` x `kv_heads` programs over `tiles` 128-token tiles: the largest
-  power of two <= TARGET_PROGRAMS / programs (and MAX_SPLITS) that divides the tiles into whole steps
-  and leaves each split at least `min_tiles` tiles (1 split where the tiles are fewer)."""
+  power of two <= target / programs (and MAX_SPLITS) that leaves each split at least `min_tiles` tiles
+  and (divides) divides the tiles into whole steps (1 split where the tiles are fewer). `mosaic_fp8.splits_for`
+  is this with its own target and divides=False (its splits share the live steps, whole or not)."""
   ns = 1
-  while (ns * 2 <= min(MAX_SPLITS, TARGET_PROGRAMS // max(1, batch * kv_heads))
-         and tiles % (ns * 2 * tiles_per_step) == 0 and tiles // (ns * 2) >= min_tiles):
+  while (ns * 2 <= min(MAX_SPLITS, target // max(1, batch * kv_heads))
+         and (not divides or tiles % (ns * 2 * tiles_per_step) == 0) and tiles // (ns * 2) >= min_tiles):
     ns *= 2
   return ns
 
@@ -155,13 +166,16 @@ def window_states(q, cache, kc, ks, kz, num_queries: int = 1):
 
 def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
                      variant: str | mk.Options = DEFAULT_VARIANT, interpret: bool = False,
-                     window: str = DEFAULT_WINDOW):
+                     window: str = DEFAULT_WINDOW, cluster_merge: bool | None = None):
   """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 cache: T query tokens at positions
   L - T + t (the last T cached; causal among them), N / K x T <= 16 rows per KV head.
   num_splits: None picks `default_splits`. window (`WINDOWS`), where the residual window's state is
   computed and the states merged: "auto" (`auto_window`: "kernel" where it can), "pallas", the window and the merge in one Pallas kernel
   (`window_merge`); "kernel", the window as one more program of the Mosaic kernel, merged in XLA
-  (`decode.combine`); "xla", the window and the merge in XLA (`window_states`)."""
+  (`decode.combine`); "xla", the window and the merge in XLA (`window_states`).
+  cluster_merge: with the window in the kernel, its NS + 1 states merged there too, where they fit one cluster
+  (`mosaic_epilogue.CLUSTER_MAX`); None: `CLUSTER_MERGE` where the programs fit one wave
+  (`CLUSTER_MERGE_MAX_PROGRAMS`)."""
   if (why := supports(cache)) is not None:
     raise ValueError(f"cache: {why}")
   if window not in WINDOWS:
@@ -177,15 +191,18 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   if window == "auto":
     window = auto_window(variant, cache.k_res.dtype, cache.v_res.dtype)
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
+  merge_here = (CLUSTER_MERGE and b * kh * (num_splits + 1) <= CLUSTER_MERGE_MAX_PROGRAMS
+                if cluster_merge is None else cluster_merge) and window == "kernel" \
+      and epilogue.cluster_merge_ok(num_splits + 1)
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
-                 interpret=interpret, window=window)
+                 interpret=interpret, window=window, cluster_merge=bool(merge_here))
 
 
 # A jit of its own: a model calls this once per layer, and nested jits of one signature are traced and
 # lowered once (Mosaic GPU's lowering takes ~2 s a call on a CPU core: 32 layers unrolled took longer
 # than the 120 s a session-12 throughput row allowed).
-@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window"))
-def _decode(q, cache, scale, *, num_splits, variant, interpret, window):
+@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window", "cluster_merge"))
+def _decode(q, cache, scale, *, num_splits, variant, interpret, window, cluster_merge=False):
   b, n, t, h = q.shape
   kh = cache.num_kv_heads
   rep = n // kh * t  # query rows per KV head: head-major, then token
@@ -193,8 +210,13 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window):
   kc, ks, kz, vc, vs, vz = repack(cache)
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
   in_kernel = (cache.lengths, cache.k_res, cache.v_res, t) if window == "kernel" else None
-  o_t, m, l = mk.kivi2_states(q_t, jnp.maximum(cache.lengths - cache.fmt.residual, 0), kc, ks, kz, vc, vs, vz,
-                              num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel)
+  quantized_lengths = jnp.maximum(cache.lengths - cache.fmt.residual, 0)
+  if cluster_merge:  # the window's state and the merge in the kernel: the attention itself
+    out = mk.kivi2_states(q_t, quantized_lengths, kc, ks, kz, vc, vs, vz, num_splits=num_splits, variant=variant,
+                          interpret=interpret, window=in_kernel, merged=(rep, q.dtype))
+    return out.reshape(b, n, t, h)
+  o_t, m, l = mk.kivi2_states(q_t, quantized_lengths, kc, ks, kz, vc, vs, vz, num_splits=num_splits,
+                              variant=variant, interpret=interpret, window=in_kernel)
   if window == "kernel":  # NS + 1 states, the window's last
     out = decode.combine(o_t.swapaxes(-1, -2), m, l, rep)
     return out.reshape(b, n, t, h).astype(q.dtype)

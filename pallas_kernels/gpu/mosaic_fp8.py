@@ -1,14 +1,14 @@
-"""FP8 (e4m3 / e5m2, one scale per token) decode states on Mosaic GPU (Pallas `plgpu`), the codes upcast
-to fp16 as WGMMA's register A operand. Timed on the H200 in session 19 (`benchmarks/NOTES_gpu.md`): at
-parity with the Triton FP8 kernel, not past it, so `ops` takes it only when asked (``mosaic_fp8=True``).
-B=8 32k through ops: 148.1 us over the cache's 64-token value tiles, 138.6 over 128-token tiles, against
-Triton's 138.7-140.5 (64-token tiles; 175.7 over 128) and torch SDPA's 244.4; B=8 128k 555.8 / 515.5
-against 516.3-544.4. Session 18's first build copied the codes as [8, 16]-byte tiles: 271 us, bound by
-TMA's 16-byte rows; the codes now go in swizzled tiles of whole rows (`Fp8Options.swizzle`).
+"""FP8 (e4m3 / e5m2, one scale per token) decode on Mosaic GPU (Pallas `plgpu`), the codes upcast to fp16 as
+WGMMA's register A operand: `fp8_states` (per-split states, merged in XLA) and `fp8_attention` (the query's prep
+and the merge in the kernel, `mosaic_epilogue`; session 20, not yet run on a device). Timed on the H200 in
+session 19 (`benchmarks/NOTES_gpu.md`): at parity with the Triton FP8 kernel, so `ops` takes it only when asked
+(``mosaic_fp8=True``). B=8 32k through ops: 148.1 us over 64-token value tiles, 138.6 over 128-token tiles,
+against Triton's 138.7-140.5 and torch SDPA's 244.4; B=8 128k 555.8 / 515.5 against 516.3-544.4.
 
 Why: the Triton FP8 kernel is 129.5 us alone at B=8 32k (0.935 of the stream, session 10's profile) and
 the call 142.4 (1.72x torch SDPA; its merge kernel 2.6 us): 1.85x needs ~132.7 through `ops`, so a kernel
-nearer the stream. This is the Mosaic KIVI-2 kernel's structure for FP8 (TMA-filled pipeline, few
+nearer the stream (session 18's first build, the codes in [8, 16]-byte TMA tiles, ran 271 us: now swizzled
+whole rows, `Fp8Options.swizzle`). This is the Mosaic KIVI-2 kernel's structure for FP8 (TMA-filled pipeline, few
 instructions per byte): one warpgroup per (sequence, KV head, split), the transposed problem with tokens on
 WGMMA's M axis,
 
@@ -40,11 +40,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kvjax.formats import FP8Spec
-from pallas_kernels.gpu import decode, mosaic_decode, mosaic_kivi as mk
+from pallas_kernels.gpu import decode, mosaic_decode, mosaic_epilogue as epilogue, mosaic_kivi as mk
 from pallas_kernels.gpu.mosaic_common import balanced_range, wgmma_sum
 
 __all__ = ["TILE", "ROWS", "Fp8Options", "fp8_states", "reference_states", "supports", "decode_attention",
-           "splits_for", "TARGET_PROGRAMS", "split_e4m3"]
+           "splits_for", "TARGET_PROGRAMS", "split_e4m3", "fp8_attention"]
 
 TILE = 128          # tokens per pipeline step by default (`Fp8Options.tile`); capacities are multiples of it
 ROWS = mk.ROWS      # query rows (WGMMA's N), padded
@@ -89,6 +89,11 @@ class Fp8Options:
   swizzle: the codes TMA-copied as swizzled tiles of whole rows (keys 128 bytes, values `value_tile` bytes;
     value tiles of 16 tokens stay unswizzled); False: in [8, 16]-byte tiles, each slab whole tiles
     (session 18's first build: 271 us at B=8 32k on the H200, bound by TMA's 16-byte rows).
+  fused: through `decode_attention`, the query's prep and the split merge inside the kernel
+    (`fp8_attention`, `mosaic_epilogue`) where the splits are 1 or fit one cluster (<= CLUSTER_MAX) and
+    key_terms is 0; else XLA's, around `fp8_states`. Session 20 (no device lent): interpreted and compiled
+    for an H200 on the CPU (171 registers against 165, 2 programs per SM either way); off by default until
+    `benchmarks/runs/session20_a.sh` has shown it right and faster on the device.
   """
   tile: int = 128
   stages: int = 2
@@ -101,6 +106,7 @@ class Fp8Options:
   swizzle: bool = True
   upcast_layout: bool = False
   key_perm: bool = False
+  fused: bool = False
 
   def __post_init__(self):
     if self.tile not in (64, 128):
@@ -164,9 +170,43 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
   cache's tiled value layout); vs [B, K, S]. H = 128. Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16])
   in f32, m and l in the log2 domain (`decode.combine` merges them)."""
   b, kh, h, n = q_t.shape
-  s = k.shape[2]
   if h != 128 or n != ROWS:
     raise ValueError(f"q_t must be [B, K, 128, {ROWS}], got {q_t.shape}")
+  return _run(q_t, None, lengths, k, ks, v, vs, num_splits=num_splits, value_tile=value_tile,
+              num_queries=num_queries, interpret=interpret, options=options)
+
+
+def fp8_attention(q, scale, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int = 64,
+                  num_queries: int = 1, interpret: bool = False, options: Fp8Options = Fp8Options()):
+  """FP8 attention with the query's prep and the split merge inside the kernel (`mosaic_epilogue`).
+
+  q [B, K, rows, H] (any float dtype; row r is query token r % num_queries, as `fp8_states`' columns);
+  scale: f32 scalar (softmax scale x log2 e); the cache arrays as `fp8_states`. num_splits: 1, or at
+  most `mosaic_epilogue.CLUSTER_MAX` (the splits of a (b, k) are one cluster). Needs key_terms=0.
+  Returns [B, K, rows, H] in q's dtype (zero for a row that saw no token)."""
+  b, kh, rows, h = q.shape
+  if h != 128 or not 1 <= rows <= ROWS:
+    raise ValueError(f"q must be [B, K, rows <= {ROWS}, 128], got {q.shape}")
+  if not (num_splits == 1 or epilogue.cluster_merge_ok(num_splits)):
+    raise ValueError(f"num_splits must be 1..{epilogue.CLUSTER_MAX} to merge in a cluster, got {num_splits}")
+  if options.key_terms:
+    raise ValueError(f"the in-kernel query prep makes fp16 queries: key_terms must be 0, got {options.key_terms}")
+  if options.key_perm:
+    q = q[..., jnp.array(_perm(h))]
+  return _run(q, jnp.reshape(jnp.asarray(scale, jnp.float32), (1,)), lengths, k, ks, v, vs,
+              num_splits=num_splits, value_tile=value_tile, num_queries=num_queries, interpret=interpret,
+              options=options)
+
+
+def _perm(h):
+  return [SLAB * (c // SLAB) + KEY_PERM[c % SLAB] for c in range(h)]
+
+
+def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_queries, interpret, options):
+  """The kernel: states of q_in = q_t (scale None), or merged attention of q_in = q rows x scale."""
+  merged = scale is not None
+  b, kh = q_in.shape[:2]
+  h, s = q_in.shape[3 if merged else 2], k.shape[2]
   opt = options
   tile = opt.tile
   if value_tile not in (16, 32, 64, 128) or tile % value_tile:
@@ -194,7 +234,7 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
                  if opt.swizzle and value_tile >= 32 else code_tiles)
   nt = opt.key_terms
   if nt:
-    q8, q_inv = split_e4m3(q_t, nt)
+    q8, q_inv = split_e4m3(q_in, nt)
     q8 = q8.reshape(b, kh, nt * ROWS, h)
   mma = functools.partial(wgmma_sum, lag=opt.lag, interpret=interpret)
 
@@ -225,9 +265,16 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
       return plgpu.layout_cast(x, plgpu.Layout.WGMMA) if opt.upcast_layout else x
     return [functools.partial(one, m) for m in range(count)]
 
-  def body(q_g, inv_g, len_g, k_g, v_g, ks_g, vs_g, o_g, m_g, l_g, q_smem, pt_smem, bar):
+  clustered = merged and num_splits > 1
+
+  def body(q_g, inv_g, len_g, k_g, v_g, ks_g, vs_g, *refs):
+    n_out = (4 if clustered else 1) if merged else 3
+    outs, (q_smem, pt_smem, bar, *extra) = refs[:n_out], refs[n_out:]
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
-    if nt:  # the e4m3 terms [nt x N, H] as they are; q_smem holds them
+    if merged:  # the caller's rows, scaled, transposed and padded here
+      epilogue.load_query_t(q_g.at[bi, ki], inv_g[0], extra[0], q_smem, bar, interpret=interpret)
+      key_scale = None
+    elif nt:  # the e4m3 terms [nt x N, H] as they are; q_smem holds them
       plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
       plgpu.barrier_wait(bar)
       key_scale = inv_g[bi, ki]
@@ -292,30 +339,54 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
                   plgpu.BlockSpec((tile,), lambda t: (first + t,)),
                   plgpu.BlockSpec((tile,), lambda t: (first + t,))])
     o, m_f, l_f = pipe(k_g.at[bi, ki], v_g.at[bi, ki], ks_g.at[bi, ki], vs_g.at[bi, ki])
-    o_g[bi, ki, si] = o * (1.0 / fold)
-    m_g[bi, ki, si] = m_f
-    l_g[bi, ki, si] = jnp.sum(l_f, axis=0) if opt.lazy_sums else l_f
+    o = o * (1.0 / fold)
+    l_f = jnp.sum(l_f, axis=0) if opt.lazy_sums else l_f
+    if clustered:
+      st_o, st_m, st_l, out_g = outs
+      epilogue.merge_in_cluster(o, m_f, l_f, (st_o.at[bi, ki], st_m.at[bi, ki], st_l.at[bi, ki]),
+                                out_g.at[bi, ki], extra[1], split=si, num_splits=num_splits,
+                                interpret=interpret)
+    elif merged:  # one split: normalized here
+      (out_g,) = outs
+      pl.run_scoped(lambda out_smem: epilogue.store_rows(epilogue.normalize(o, l_f), out_g.at[bi, ki], out_smem,
+                                                         interpret=interpret),
+                    plgpu.SMEM((ROWS, h), out_g.dtype))
+    else:
+      o_g, m_g, l_g = outs
+      o_g[bi, ki, si] = o
+      m_g[bi, ki, si] = m_f
+      l_g[bi, ki, si] = l_f
 
   kw = {"interpret": plgpu.InterpretGPUParams()} if interpret else {}
+  state_types = (jax.ShapeDtypeStruct((b, kh, num_splits, h, ROWS), jnp.float32),
+                 jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32),
+                 jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32))
+  if merged:
+    out_type = (*(state_types if clustered else ()), jax.ShapeDtypeStruct(q_in.shape, q_in.dtype))
+  else:
+    out_type = state_types
+  mesh = (dict(grid=(b, kh), grid_names=("b", "k"), cluster=(num_splits,), cluster_names=("s",)) if clustered
+          else dict(grid=(b, kh, num_splits), grid_names=("b", "k", "s")))
   f = plgpu.kernel(
       body,
-      out_type=(jax.ShapeDtypeStruct((b, kh, num_splits, h, ROWS), jnp.float32),
-                jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32),
-                jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32)),
-      grid=(b, kh, num_splits), grid_names=("b", "k", "s"),
+      out_type=out_type,
       scratch_types=[plgpu.SMEM((nt * ROWS, h), jnp.float8_e4m3fn, transforms=wide_tiles) if nt else
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((tile, ROWS), jnp.float16, transforms=b_tiles),
-                     plgpu.Barrier(num_arrivals=1)],
+                     plgpu.Barrier(num_arrivals=1),
+                     *((plgpu.SMEM((ROWS, h), q_in.dtype),) if merged else ()),
+                     *((plgpu.ClusterBarrier(collective_axes=("s",), num_arrivals=1),) if clustered else ())],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                            approx_math=opt.approx_math,
                                            unsafe_no_auto_barriers=opt.manual_barriers),
-      kernel_name="kvjax_mosaic_fp8", **kw)
+      kernel_name="kvjax_mosaic_fp8", **mesh, **kw)
   v_rows = v.reshape(b, kh, s // value_tile * h, value_tile)  # each tile's bytes as its [H, T] rows: free
-  if not nt:
-    perm = [SLAB * (c // SLAB) + KEY_PERM[c % SLAB] for c in range(h)]
-    q8, q_inv = (q_t[:, :, jnp.array(perm)] if opt.key_perm else q_t), jnp.ones((b, kh), jnp.float32)
-  return f(q8, q_inv, lengths, k, v_rows, ks, vs)
+  if merged:  # q rows as they are (key_perm: permuted by `fp8_attention`), the scale
+    q8, q_inv = q_in, scale
+  elif not nt:
+    q8, q_inv = (q_in[:, :, jnp.array(_perm(h))] if opt.key_perm else q_in), jnp.ones((b, kh), jnp.float32)
+  res = f(q8, q_inv, lengths, k, v_rows, ks, vs)
+  return res[-1] if merged else res
 
 
 def _as_wgmma(x):
@@ -362,14 +433,9 @@ TARGET_PROGRAMS = 2 * 132
 
 
 def splits_for(batch: int, kv_heads: int, capacity: int) -> int:
-  """The largest power of two <= TARGET_PROGRAMS / (batch x kv_heads) programs (and
-  `mosaic_decode.MAX_SPLITS`) leaving each split at least `mosaic_decode.MIN_TILES_PER_SPLIT` 128-token
-  tiles of the capacity; the splits share the live steps (`balanced_range`), so they need not divide it."""
-  ns, tiles = 1, capacity // TILE
-  while (ns * 2 <= min(mosaic_decode.MAX_SPLITS, TARGET_PROGRAMS // max(1, batch * kv_heads))
-         and tiles // (ns * 2) >= mosaic_decode.MIN_TILES_PER_SPLIT):
-    ns *= 2
-  return ns
+  """`mosaic_decode.default_splits` over the capacity's 128-token tiles with TARGET_PROGRAMS, the splits not
+  dividing the tiles (they share the live steps, `balanced_range`)."""
+  return mosaic_decode.default_splits(batch, kv_heads, capacity // TILE, target=TARGET_PROGRAMS, divides=False)
 
 
 def supports(cache) -> str | None:
@@ -408,16 +474,25 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
                  options=options)
 
 
+def fused_call(options: Fp8Options, num_splits: int) -> bool:
+  """Whether `decode_attention` runs `fp8_attention` (the glue in the kernel) for this build and splits."""
+  return options.fused and not options.key_terms and (num_splits == 1 or epilogue.cluster_merge_ok(num_splits))
+
+
 @functools.partial(jax.jit, static_argnames=("num_splits", "interpret", "options"))
 def _decode(q, cache, scale, *, num_splits, interpret, options):
   b, n, t, h = q.shape
   kh = cache.num_kv_heads
   rows = n // kh * t  # head-major, then token
+  per_token = lambda x: x.reshape(b, kh, cache.capacity)  # [B, K, S, 1] -> [B, K, S]: free
+  arrays = (cache.lengths, cache.k.codes, per_token(cache.k.scale), cache.v.codes, per_token(cache.v.scale))
+  if fused_call(options, num_splits):
+    out = fp8_attention(q.reshape(b, kh, rows, h), scale, *arrays, num_splits=num_splits, value_tile=cache.v.tile,
+                        num_queries=t, interpret=interpret, options=options)
+    return out.reshape(b, n, t, h)
   qs = q.astype(jnp.float32).reshape(b, kh, rows, h) * scale
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, ROWS - rows)))
-  per_token = lambda x: x.reshape(b, kh, cache.capacity)  # [B, K, S, 1] -> [B, K, S]: free
-  o_t, m, l = fp8_states(q_t, cache.lengths, cache.k.codes, per_token(cache.k.scale), cache.v.codes,
-                         per_token(cache.v.scale), num_splits=num_splits, value_tile=cache.v.tile,
-                         num_queries=t, interpret=interpret, options=options)
+  o_t, m, l = fp8_states(q_t, *arrays, num_splits=num_splits, value_tile=cache.v.tile, num_queries=t,
+                         interpret=interpret, options=options)
   out = decode.combine(o_t.swapaxes(-1, -2), m, l, rows)
   return out.reshape(b, n, t, h).astype(q.dtype)

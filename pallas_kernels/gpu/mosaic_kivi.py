@@ -41,7 +41,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kvjax import packing
-from pallas_kernels.gpu import mosaic_planes as planes
+from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_planes as planes
 from pallas_kernels.gpu.mosaic_common import balanced_range, wgmma_sum
 from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 
@@ -74,7 +74,7 @@ def pack_values(codes):
 
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
                  stages: int = 2, variant: str | Options = "folded_lazy", profile_dir: str = "",
-                 profile_space: int = 0, window=None):
+                 profile_space: int = 0, window=None, merged=None):
   """Per-split flash-decoding states of KIVI-2 (G=128) attention.
 
   q_t [B, K, H, 16] f32 (queries transposed, scaled by softmax scale x log2 e, rows padded to 16);
@@ -95,14 +95,13 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   s = kc.shape[2]
   if h != 128 or n != ROWS:
     raise ValueError(f"q_t must be [B, K, 128, {ROWS}], got {q_t.shape}")
-  if s % TILE or (s // TILE) % num_splits:
-    raise ValueError(f"the capacity {s} must be a multiple of {TILE} x num_splits ({num_splits})")
   if not isinstance(variant, Options) and variant not in VARIANTS:
     raise ValueError(f"variant must be an Options or one of {tuple(VARIANTS)}, got {variant!r}")
   opt = variant if isinstance(variant, Options) else VARIANTS[variant]
-  if (s // TILE // num_splits) % opt.tiles_per_step:
-    raise ValueError(f"the capacity {s} must be a multiple of {TILE} x num_splits ({num_splits}) x "
-                     f"tiles_per_step ({opt.tiles_per_step})")
+  whole = num_splits if not opt.balance else 1  # balanced splits share the live steps: any count
+  if num_splits < 1 or s % (TILE * whole * opt.tiles_per_step):
+    raise ValueError(f"the capacity {s} must be a multiple of {TILE} x tiles_per_step ({opt.tiles_per_step})"
+                     + ("" if opt.balance else f" x num_splits ({num_splits})") + f", num_splits >= 1")
   expect = {"kc": (b, kh, s, 16), "ks": (b, kh, s // TILE, h), "kz": (b, kh, s // TILE, h),
             "vc": (b, kh, s // TILE, h, 16), "vs": (b, kh, s), "vz": (b, kh, s)}
   for name, arr in zip(expect, (kc, ks, kz, vc, vs, vz)):
@@ -120,6 +119,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                        f"{k_res.dtype}, {v_res.dtype}")
     if not 1 <= w_queries <= ROWS:
       raise ValueError(f"window: the query tokens T must be in [1, {ROWS}], got {w_queries}")
+  n_states = num_splits + (window is not None)
+  if merged is not None and not (1 <= merged[0] <= ROWS and epilogue.cluster_merge_ok(n_states)):
+    raise ValueError(f"merged: rows must be in [1, {ROWS}] and the states 2..{epilogue.CLUSTER_MAX} (one cluster), "
+                     f"got rows {merged[0]}, {n_states} states")
   per = s // TILE // num_splits
   swz = plgpu.find_swizzle(ROWS * 16, "rhs")
   b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
@@ -308,12 +311,20 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     return o, m_w, jnp.sum(p, axis=0)
 
   def body(*refs):
-    if window is None:
-      (q_g, len_g, magic_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, o_g, m_g, l_g, qs_smem, pt_smem, q_smem, q16_smem,
-       zsk_smem, zsv_smem, s16, bar) = refs
-    else:
-      (q_g, len_g, magic_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g, lw_g, kres_g, vres_g, o_g, m_g, l_g, qs_smem,
-       pt_smem, q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar) = refs
+    n_in = 9 + 3 * (window is not None)
+    (q_g, len_g, magic_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g), win_refs = refs[:9], refs[9:n_in]
+    lw_g, kres_g, vres_g = win_refs if window is not None else (None,) * 3
+    outs = refs[n_in:n_in + 3 + (merged is not None)]
+    qs_smem, pt_smem, q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar, *cluster_barrier = refs[n_in + len(outs):]
+
+    def emit(o, m, l):  # this program's state: to the outputs, or into the cluster's merge
+      if merged is None:
+        o_g, m_g, l_g = outs
+        o_g[bi, ki, si], m_g[bi, ki, si], l_g[bi, ki, si] = o, m, l
+      else:
+        st_o, st_m, st_l, out_g = outs
+        epilogue.merge_in_cluster(o, m, l, (st_o.at[bi, ki], st_m.at[bi, ki], st_l.at[bi, ki]), out_g.at[bi, ki],
+                                  cluster_barrier[0], split=si, num_splits=n_states, interpret=interpret)
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
     plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
     plgpu.barrier_wait(bar)
@@ -378,7 +389,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     first = si * steps  # this split's first step
     if opt.stop_at_length and opt.balance:  # the live steps shared evenly, at least min_share a split
       first, steps = balanced_range(length, si, num_splits=num_splits, tile=nt * TILE,
-                                    capacity_steps=num_splits * steps, min_share=opt.min_share)
+                                    capacity_steps=s // TILE // nt, min_share=opt.min_share)
     elif opt.stop_at_length:  # only steps holding a token below the length (none past it)
       live = jnp.minimum(lax.div(length + (nt * TILE - 1), nt * TILE), num_splits * steps)
       steps = jnp.clip(live - first, 0, steps)
@@ -400,15 +411,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
           cv = jnp.sum(cv, axis=0)
       if denorm:  # the probabilities were stored x 2^DENORM_LOG2
         l_f = l_f * 2.0 ** -DENORM_LOG2
-      o_g[bi, ki, si] = o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :]
-      m_g[bi, ki, si] = m_f
-      l_g[bi, ki, si] = l_f
+      emit(o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :], m_f, l_f)
 
     def window_program():
-      o, m_w, l_w = window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, q16_smem, bar, magic)
-      o_g[bi, ki, si] = o
-      m_g[bi, ki, si] = m_w
-      l_g[bi, ki, si] = l_w
+      emit(*window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, q16_smem, bar, magic))
 
     if window is None:
       tiles()
@@ -417,22 +423,27 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       # 141 registers against 127, 3 programs per SM instead of 4; B=8 32k 173.0 us against 134.0)
       lax.cond(si < num_splits, tiles, window_program)
 
-  n_states = num_splits + (window is not None)
   kw = {"interpret": plgpu.InterpretGPUParams()} if interpret else {}
   prof = dict(profile_space=profile_space, profile_dir=profile_dir) if profile_dir else {}
+  out_type = (jax.ShapeDtypeStruct((b, kh, n_states, h, ROWS), jnp.float32),
+              jax.ShapeDtypeStruct((b, kh, n_states, ROWS), jnp.float32),
+              jax.ShapeDtypeStruct((b, kh, n_states, ROWS), jnp.float32))
+  if merged is None:
+    mesh = dict(grid=(b, kh, n_states), grid_names=("b", "k", "s"))
+  else:
+    out_type += (jax.ShapeDtypeStruct((b, kh, merged[0], h), merged[1]),)
+    mesh = dict(grid=(b, kh), grid_names=("b", "k"), cluster=(n_states,), cluster_names=("s",))
   f = plgpu.kernel(
       body,
-      out_type=(jax.ShapeDtypeStruct((b, kh, n_states, h, ROWS), jnp.float32),
-                jax.ShapeDtypeStruct((b, kh, n_states, ROWS), jnp.float32),
-                jax.ShapeDtypeStruct((b, kh, n_states, ROWS), jnp.float32)),
-      grid=(b, kh, n_states), grid_names=("b", "k", "s"),
+      out_type=out_type, **mesh,
       scratch_types=[plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((opt.tiles_per_step * TILE, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h, ROWS), jnp.float32),
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16),
                      [plgpu.SMEM((opt.tiles_per_step * n_,), jnp.float16) for n_ in (h, h, TILE, TILE)] if once else [],
-                     plgpu.Barrier(num_arrivals=1)],
+                     plgpu.Barrier(num_arrivals=1),
+                     *(() if merged is None else (plgpu.ClusterBarrier(collective_axes=("s",), num_arrivals=1),))],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                            approx_math=opt.approx_math,
                                            unsafe_no_auto_barriers=opt.manual_barriers, **prof),
@@ -440,8 +451,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   tiles = s // TILE
   extra = () if window is None else (w_len, k_res, v_res)
   magic = jnp.full((1,), 0x6400, jnp.int32)  # `Options.opaque_magic`: a constant ptxas cannot see
-  return f(q_t, lengths, magic, kc, vc.reshape(b, kh, tiles * h, 16), ks.reshape(b, kh, tiles * h),
-           kz.reshape(b, kh, tiles * h), vs, vz, *extra)
+  res = f(q_t, lengths, magic, kc, vc.reshape(b, kh, tiles * h, 16), ks.reshape(b, kh, tiles * h),
+          kz.reshape(b, kh, tiles * h), vs, vz, *extra)
+  return res if merged is None else res[-1]
 
 
 @functools.partial(jax.jit, static_argnames="num_splits")

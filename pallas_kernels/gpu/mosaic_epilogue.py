@@ -1,0 +1,123 @@
+"""The glue of a Mosaic GPU decode kernel done inside it: the query read as the caller holds it (no XLA
+scale / transpose / pad before the call) and the flash-decoding splits merged over a thread-block cluster
+(no XLA merge after it). Both are for the transposed problem of `mosaic_fp8` / `mosaic_kivi`, whose
+per-program state is o^T [H, 16] in WGMMA's accumulator layout with m, l [16] per query row.
+
+Why: at B=8 32k the FP8 kernel alone is 127.0 us of a 138.6 us call; the rest is the XLA q prep (pad,
+convert) and merge (reduce, broadcast) and the launch gaps between them (session 19's profile,
+`benchmarks/NOTES_gpu.md`), and at short contexts the glue is a third of the call.
+
+The merge: the splits of one (sequence, KV head) are one cluster (`cluster=(num_splits,)`, at most
+`CLUSTER_MAX`, the portable cluster size), so they are resident together. Each program stores its state
+to global memory, fences it GPU-wide, arrives at a cluster barrier and waits for the others; the first
+program of the cluster then reads every state back by TMA (`fence.proxy.async.global` between the other
+programs' generic stores and its asynchronous reads), merges them by log-sum-exp and stores the normalized rows, transposed back to
+[rows, H] in the output's dtype, by TMA. The states' global buffers are outputs of the kernel that the
+caller drops.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+__all__ = ["CLUSTER_MAX", "load_query_t", "merge_in_cluster", "store_rows", "normalize", "publish_global",
+           "cluster_merge_ok"]
+
+CLUSTER_MAX = 8  # CUDA's portable cluster size: the most splits merged in the kernel
+
+
+def _ptx(text: str, *, warpgroup_sync: bool = False):
+  """Inline PTX run by every thread of the warpgroup, then (warpgroup_sync) a warpgroup barrier."""
+  from jax.experimental.mosaic.gpu import utils  # noqa: PLC0415 (kernel only)
+
+  @plgpu.inline_mgpu()
+  def emit(ctx):
+    del ctx
+    utils.inline_ptx(text, has_side_effects=True)
+    if warpgroup_sync:
+      utils.warpgroup_barrier()
+  emit()
+
+
+def publish_global(interpret: bool):
+  """Before a cluster barrier's arrive (which one thread per peer makes, with release at CTA scope only):
+  every thread's global stores made visible GPU-wide (`fence.acq_rel.gpu`, and to TMA), then the
+  warpgroup synchronized, so no thread arrives before all of them have stored."""
+  if not interpret:
+    _ptx("fence.acq_rel.gpu;\n\tfence.proxy.async.global;", warpgroup_sync=True)
+
+
+def _load(ref, layout, interpret, optimized=True):
+  return ref[...] if interpret else plgpu.load(ref, (), layout=layout, optimized=optimized)
+
+
+def load_query_t(q_ref, scale, qin, q_smem, bar, *, interpret: bool):
+  """q_ref [rows, H] (global, the caller's dtype) -> q_smem [H, N] fp16 = (q x scale)^T, rows past `rows`
+  zero. qin: a [N, H] scratch of q_ref's dtype. Once per program: the transposed load is unoptimized."""
+  rows = q_ref.shape[0]
+  qin[...] = jnp.zeros(qin.shape, qin.dtype)
+  plgpu.commit_smem()  # the zeros before the TMA's rows
+  plgpu.copy_gmem_to_smem(q_ref, qin.at[pl.ds(0, rows)], bar)
+  plgpu.barrier_wait(bar)
+  x = _load(qin.transpose((1, 0)), plgpu.Layout.WGMMA, interpret, optimized=False)
+  q_smem[...] = (x.astype(jnp.float32) * scale).astype(jnp.float16)
+  plgpu.commit_smem()
+
+
+def store_rows(res, out_ref, out_smem, *, interpret: bool):
+  """res [H, N] f32 (WGMMA layout) -> out_ref [rows, H] (global) in out_ref's dtype, by way of out_smem
+  [N, H] (written transposed) and one TMA of its first rows."""
+  rows = out_ref.shape[0]
+  out_smem.transpose((1, 0))[...] = res.astype(out_smem.dtype)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(out_smem.at[pl.ds(0, rows)], out_ref)
+  plgpu.wait_smem_to_gmem(0)
+
+
+def normalize(o, l):
+  """o [H, N] / l [N], zero where l is 0 (no token seen)."""
+  return o * jnp.where(l > 0, 1.0 / jnp.where(l > 0, l, 1.0), 0.0)[None, :]
+
+
+def merge_in_cluster(o, m, l, states, out_ref, cluster_barrier, *, split, num_splits: int, interpret: bool):
+  """Every program of the cluster: its state (o [H, N] f32, m, l [N], m in the log2 domain) into
+  states = (st_o [NS, H, N], st_m [NS, N], st_l [NS, N]) (global, this (b, k)'s slices) at `split`; then
+  the first program merges all of them into out_ref [rows, H] (global)."""
+  st_o, st_m, st_l = states
+  h, n = o.shape
+  st_o[split] = o
+  st_m[split] = m
+  st_l[split] = l
+  publish_global(interpret)
+  plgpu.barrier_arrive(cluster_barrier)
+  plgpu.barrier_wait(cluster_barrier)
+
+  def merge(o_smem, m_smem, l_smem, out_smem, bar):  # scoped in every program (the interpreter allocates
+    @pl.when(split == 0)                              # collectively), used by the first
+    def _():
+      if not interpret:  # acquire GPU-wide (the barrier's wait is CTA scope), then TMA's reads
+        _ptx("fence.acq_rel.gpu;\n\tfence.proxy.async.global;")
+      for src, dst in ((st_o, o_smem), (st_m, m_smem), (st_l, l_smem)):
+        plgpu.copy_gmem_to_smem(src, dst, bar)
+      plgpu.barrier_wait(bar)
+      col = plgpu.Layout.WGMMA.reduce(0)
+      ms = [_load(m_smem.at[j], col, interpret) for j in range(num_splits)]
+      top = functools.reduce(jnp.maximum, ms)
+      ws = [jnp.exp2(mj - top) for mj in ms]  # 0 for an empty split (m = NEG) beside a seen one
+      l_tot = functools.reduce(jnp.add, [w * _load(l_smem.at[j], col, interpret) for j, w in enumerate(ws)])
+      acc = functools.reduce(jnp.add, [_load(o_smem.at[j], plgpu.Layout.WGMMA, interpret) * w[None, :]
+                                       for j, w in enumerate(ws)])
+      store_rows(normalize(acc, l_tot), out_ref, out_smem, interpret=interpret)
+  pl.run_scoped(merge, plgpu.SMEM((num_splits, h, n), jnp.float32), plgpu.SMEM((num_splits, n), jnp.float32),
+                plgpu.SMEM((num_splits, n), jnp.float32), plgpu.SMEM((n, h), out_ref.dtype),
+                plgpu.Barrier(num_arrivals=3))
+
+
+def cluster_merge_ok(num_splits: int) -> bool:
+  """Whether `merge_in_cluster` takes this many splits (1 needs no merge)."""
+  return 1 < num_splits <= CLUSTER_MAX
+
