@@ -98,7 +98,7 @@ def fp8_caches(b, ctx, key, dtype=jnp.float8_e4m3fn):
 
 def states_fn(variant, splits, window):
   """q [B, N, 1, H] + a cache -> [B, N, 1, H] through the kernel's states and the XLA merge, or the kernel
-  alone where it merges (an FP8 build with fused=True: `fp8_attention`; window "merged")."""
+  alone where it preps q and merges (an FP8 build with fused=True: `fp8_attention`; window "merged")."""
   def f(q, lengths, cache, win):  # win: (full lengths, k_res, v_res); one query token
     b, n, _, h = q.shape
     kh = cache[0].shape[1]
@@ -113,12 +113,11 @@ def states_fn(variant, splits, window):
       o_t, m, l = mf.fp8_states(q_t, lengths, *cache, num_splits=splits, options=variant)
       return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
     kern_len = jnp.maximum(lengths - mk.TILE, 0) if window else lengths
-    res = mk.kivi2_states(q_t, kern_len, *cache, num_splits=splits, variant=variant,
-                          window=(*win, 1) if window else None,
-                          merged=(rep, q.dtype) if window == "merged" else None)
-    if window == "merged":
-      return res.reshape(b, n, 1, h)
-    o_t, m, l = res
+    if window == "merged":  # as `mosaic_decode` calls it: q as given, prepared and merged in the kernel
+      return mk.kivi2_states(q.reshape(b, kh, rep, h), kern_len, *cache, num_splits=splits, variant=variant,
+                             window=(*win, 1), merged=(rep, q.dtype), q_scale=scale).reshape(b, n, 1, h)
+    o_t, m, l = mk.kivi2_states(q_t, kern_len, *cache, num_splits=splits, variant=variant,
+                                window=(*win, 1) if window else None)
     return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
   return f
 

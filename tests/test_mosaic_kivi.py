@@ -175,6 +175,25 @@ def test_balanced_splits_need_not_divide_the_tiles():
     assert test_base.relative_error(merged(*out), merged(*ref)) < 2e-3, splits
 
 
+@pytest.mark.parametrize("variant", ["folded_lazy", "dequant_denorm_s32_mb"])
+def test_query_rows_prepared_in_the_kernel(variant):
+  """q_scale: the query rows as given ([B, K, rows, H] bf16 or f32) scaled, transposed and padded inside the
+  kernel: the same states as from the XLA-prepared q_t (f32 rows: exactly; bf16 rows: the same bf16 query)."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case()
+  args = (ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
+  scale = 0.6
+  for dtype, rows in ((jnp.float32, 4), (jnp.bfloat16, 16), (jnp.bfloat16, 1)):
+    q = (jnp.swapaxes(q_t, -1, -2)[:, :, :rows] / scale).astype(dtype)
+    prepared = jnp.pad(jnp.swapaxes(q.astype(jnp.float32) * scale, -1, -2),
+                       ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rows)))
+    ref = mk.kivi2_states(prepared, *args, num_splits=2, interpret=True, variant=variant)
+    out = mk.kivi2_states(q, *args, num_splits=2, interpret=True, variant=variant, q_scale=scale)
+    for a, b in zip(out, ref):
+      np.testing.assert_allclose(np.asarray(a)[..., :rows], np.asarray(b)[..., :rows], rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match=r"with q_scale, q_t must be the query rows"):
+    mk.kivi2_states(q_t, *args, num_splits=2, interpret=True, q_scale=scale)
+
+
 def test_bad_shapes_are_refused():
   q_t, ln, kc, ks, kz, vc, vs, vz = _case()
   args = (ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)

@@ -59,15 +59,17 @@ DEFAULT_VARIANT = "dequant_denorm_s32_mb"
 WINDOWS = ("auto", "pallas", "kernel", "xla")
 DEFAULT_WINDOW = "auto"
 # Session 20 (no device lent): with window "kernel", the NS + 1 states merged inside the kernel, the splits of a
-# (b, k) one thread-block cluster (`mosaic_epilogue`), where NS + 1 <= CLUSTER_MAX. It removes XLA's merge
+# (b, k) one thread-block cluster (`mosaic_epilogue`), where NS + 1 <= CLUSTER_MAX, and the query read as the
+# caller holds it (`kivi2_states(q_scale=...)`). It removes XLA's q prep and merge
 # (session 17's profiles: 3.0-6.0 us of glue at B=1 / B=8, 1k / 4k, 2 / 4 splits, against kernels of 6-31 us).
 # Interpreted and compiled for an H200 on the CPU; off until `benchmarks/runs/session20_b.sh` has shown it
-# right and faster on the device. The merged kernel holds 133 registers against 121 (B=1 1k, 2 splits + the
-# window, `mosaic_sass`-style AOT compile): 3 programs per SM instead of 4, so it is taken only where all the
-# programs fit one wave at 3 per SM (CLUSTER_MERGE_MAX_PROGRAMS), i.e. short contexts and small batches, where
-# the XLA merge is a large share of the call.
+# right and faster on the device. Compiled for an H200 on the CPU (B=1 1k, 2 splits + the window,
+# `decode_parts/mosaic_sass_aot_kivi_s20.json`): 128 registers against 121 and 56 KB of shared memory against 50,
+# 4 programs per SM either way, but its tile loop is 762 SASS instructions against 739 (3% more), so it is
+# taken by default (once on) only where all the programs fit one wave (CLUSTER_MERGE_MAX_PROGRAMS): short
+# contexts and small batches, where the glue is a large share of the call.
 CLUSTER_MERGE = False
-CLUSTER_MERGE_MAX_PROGRAMS = 3 * 132
+CLUSTER_MERGE_MAX_PROGRAMS = 4 * 132
 
 
 def auto_window(variant: str | mk.Options, k_res_dtype, v_res_dtype) -> str:
@@ -211,9 +213,10 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window, cluster_
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
   in_kernel = (cache.lengths, cache.k_res, cache.v_res, t) if window == "kernel" else None
   quantized_lengths = jnp.maximum(cache.lengths - cache.fmt.residual, 0)
-  if cluster_merge:  # the window's state and the merge in the kernel: the attention itself
-    out = mk.kivi2_states(q_t, quantized_lengths, kc, ks, kz, vc, vs, vz, num_splits=num_splits, variant=variant,
-                          interpret=interpret, window=in_kernel, merged=(rep, q.dtype))
+  if cluster_merge:  # q as it is, the window's state and the merge in the kernel: the attention itself
+    out = mk.kivi2_states(q.reshape(b, kh, rep, h), quantized_lengths, kc, ks, kz, vc, vs, vz,
+                          num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel,
+                          merged=(rep, q.dtype), q_scale=scale)
     return out.reshape(b, n, t, h)
   o_t, m, l = mk.kivi2_states(q_t, quantized_lengths, kc, ks, kz, vc, vs, vz, num_splits=num_splits,
                               variant=variant, interpret=interpret, window=in_kernel)

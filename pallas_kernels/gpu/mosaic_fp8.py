@@ -92,7 +92,8 @@ class Fp8Options:
   fused: through `decode_attention`, the query's prep and the split merge inside the kernel
     (`fp8_attention`, `mosaic_epilogue`) where the splits are 1 or fit one cluster (<= CLUSTER_MAX) and
     key_terms is 0; else XLA's, around `fp8_states`. Session 20 (no device lent): interpreted and compiled
-    for an H200 on the CPU (171 registers against 165, 2 programs per SM either way); off by default until
+    for an H200 on the CPU (171 registers against 165, 2 programs per SM either way, the tile loop 737 SASS
+    instructions against 719: `decode_parts/mosaic_sass_aot_fp8_s20.json`); off by default until
     `benchmarks/runs/session20_a.sh` has shown it right and faster on the device.
   """
   tile: int = 128
@@ -269,10 +270,10 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
 
   def body(q_g, inv_g, len_g, k_g, v_g, ks_g, vs_g, *refs):
     n_out = (4 if clustered else 1) if merged else 3
-    outs, (q_smem, pt_smem, bar, *extra) = refs[:n_out], refs[n_out:]
+    outs, (q_smem, pt_smem, bar, *cluster_barrier) = refs[:n_out], refs[n_out:]
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
     if merged:  # the caller's rows, scaled, transposed and padded here
-      epilogue.load_query_t(q_g.at[bi, ki], inv_g[0], extra[0], q_smem, bar, interpret=interpret)
+      epilogue.load_query_t(q_g.at[bi, ki], inv_g[0], q_smem, bar, interpret=interpret)
       key_scale = None
     elif nt:  # the e4m3 terms [nt x N, H] as they are; q_smem holds them
       plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
@@ -344,7 +345,7 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     if clustered:
       st_o, st_m, st_l, out_g = outs
       epilogue.merge_in_cluster(o, m_f, l_f, (st_o.at[bi, ki], st_m.at[bi, ki], st_l.at[bi, ki]),
-                                out_g.at[bi, ki], extra[1], split=si, num_splits=num_splits,
+                                out_g.at[bi, ki], cluster_barrier[0], split=si, num_splits=num_splits,
                                 interpret=interpret)
     elif merged:  # one split: normalized here
       (out_g,) = outs
@@ -374,7 +375,6 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((tile, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.Barrier(num_arrivals=1),
-                     *((plgpu.SMEM((ROWS, h), q_in.dtype),) if merged else ()),
                      *((plgpu.ClusterBarrier(collective_axes=("s",), num_arrivals=1),) if clustered else ())],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                            approx_math=opt.approx_math,

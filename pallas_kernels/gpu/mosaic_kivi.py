@@ -74,7 +74,7 @@ def pack_values(codes):
 
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
                  stages: int = 2, variant: str | Options = "folded_lazy", profile_dir: str = "",
-                 profile_space: int = 0, window=None, merged=None):
+                 profile_space: int = 0, window=None, merged=None, q_scale=None):
   """Per-split flash-decoding states of KIVI-2 (G=128) attention.
 
   q_t [B, K, H, 16] f32 (queries transposed, scaled by softmax scale x log2 e, rows padded to 16);
@@ -90,7 +90,17 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   of the rows, causally, while the others walk the quantized tiles; `lengths` is then max(L - 128, 0).
   Needs a `dequant_in_a` variant. (Session 15, H200: folding the window into split 0's starting state
   instead was slower at every point timed, `decode_parts/decode_s15d_kivi.json`.)
+  merged: None, or (rows, dtype): the states (NS, or NS + 1 with the window; 2 to
+  `mosaic_epilogue.CLUSTER_MAX`) merged inside the kernel, the programs of a (b, k) one cluster
+  (`mosaic_epilogue.merge_in_cluster`): returns the attention [B, K, rows, H] in dtype instead.
+  q_scale: None, or the softmax scale x log2 e (f32 scalar): q_t is then the query rows as the caller holds
+  them, [B, K, rows, H] in any float dtype, scaled, transposed and padded inside the kernel
+  (`mosaic_epilogue.load_query_t`: no XLA op before the call).
   """
+  if q_scale is not None:
+    if q_t.ndim != 4 or q_t.shape[3] != 128 or not 1 <= q_t.shape[2] <= ROWS:
+      raise ValueError(f"with q_scale, q_t must be the query rows [B, K, rows <= {ROWS}, 128], got {q_t.shape}")
+    q_rows, q_t = q_t, jax.ShapeDtypeStruct(q_t.shape[:2] + (128, ROWS), jnp.float32)  # the checks' shape
   b, kh, h, n = q_t.shape
   s = kc.shape[2]
   if h != 128 or n != ROWS:
@@ -311,8 +321,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     return o, m_w, jnp.sum(p, axis=0)
 
   def body(*refs):
-    n_in = 9 + 3 * (window is not None)
-    (q_g, len_g, magic_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g), win_refs = refs[:9], refs[9:n_in]
+    n_in = 9 + 3 * (window is not None) + (q_scale is not None)
+    (q_g, len_g, magic_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g), win_refs = refs[:9], refs[9:9 + 3 * (window is not None)]
     lw_g, kres_g, vres_g = win_refs if window is not None else (None,) * 3
     outs = refs[n_in:n_in + 3 + (merged is not None)]
     qs_smem, pt_smem, q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar, *cluster_barrier = refs[n_in + len(outs):]
@@ -326,8 +336,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         epilogue.merge_in_cluster(o, m, l, (st_o.at[bi, ki], st_m.at[bi, ki], st_l.at[bi, ki]), out_g.at[bi, ki],
                                   cluster_barrier[0], split=si, num_splits=n_states, interpret=interpret)
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
-    plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
-    plgpu.barrier_wait(bar)
+    if q_scale is None:
+      plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
+      plgpu.barrier_wait(bar)
+    else:  # the caller's rows; the scale is the last input
+      epilogue.load_query_t(q_g.at[bi, ki], refs[n_in - 1][0], q_smem, bar, interpret=interpret)
     q_reg = None if opt.q_in_smem else q_smem[...]  # [H, N]
     if opt.zero_mma or opt.dequant_in_a:
       q16_smem[...] = q_smem[...].astype(jnp.float16)
@@ -451,6 +464,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   tiles = s // TILE
   extra = () if window is None else (w_len, k_res, v_res)
   magic = jnp.full((1,), 0x6400, jnp.int32)  # `Options.opaque_magic`: a constant ptxas cannot see
+  if q_scale is not None:
+    q_t, extra = q_rows, extra + (jnp.reshape(jnp.asarray(q_scale, jnp.float32), (1,)),)  # a free reshape
   res = f(q_t, lengths, magic, kc, vc.reshape(b, kh, tiles * h, 16), ks.reshape(b, kh, tiles * h),
           kz.reshape(b, kh, tiles * h), vs, vz, *extra)
   return res if merged is None else res[-1]
