@@ -403,8 +403,8 @@ def main():
   def log(msg):
     print(f"[{time.time() - t_start:6.0f}s] {msg}", flush=True)
 
-  meta = {"device": str(jax.devices()[0]), "jax": jax.__version__, "shape": args.shape,
-          "head_shape": dataclasses.asdict(SHAPE), "window": WINDOW}
+  meta = {"device": str(jax.devices()[0]), "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
+          "shape": args.shape, "head_shape": dataclasses.asdict(SHAPE), "window": WINDOW}
   if args.check:
     meta["check_worst_rel_err"] = check_all(log, [f for f in args.check_formats.split(",") if f],
                                             args.check_quick, SHAPE)

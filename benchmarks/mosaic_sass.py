@@ -35,7 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 import decode_kernels as dk  # noqa: E402
 import ptx_registers  # noqa: E402
 from mosaic_kivi_bench import caches_for  # noqa: E402
-from pallas_kernels.gpu import decode, mosaic_fp8 as mf, mosaic_kivi as mk  # noqa: E402
+from pallas_kernels.gpu import decode, mosaic_decode as md, mosaic_fp8 as mf, mosaic_kivi as mk  # noqa: E402
 
 REGS_PER_SM, THREADS = 65536, 128  # one warpgroup per program
 SMEM_PER_SM = 228 * 1024  # H100 / H200
@@ -60,14 +60,15 @@ def variant_options(text: str):
 
 
 def parse_builds(text):
-  """'name:variant[:window|:merged];...' -> [(name, variant, window)], variant as `variant_options` reads it;
-  window "" (none), "window" (the residual window as one more program) or "merged" (that, and the states
-  merged in the kernel over a cluster: `kivi2_states(merged=...)`)."""
+  """'name:variant[:window|:merged|:merged_cluster];...' -> [(name, variant, window)], variant as
+  `variant_options` reads it; window "" (none), "window" (the residual window as one more program) or "merged"
+  (that, and the states merged in the kernel, `kivi2_states(merged=...)`, by `mosaic_decode.MERGE_BY`;
+  "merged_cluster": over a cluster)."""
   out = []
   for item in filter(None, text.split(";")):
     parts = item.split(":")
-    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("window", "merged")):
-      raise ValueError(f"--builds: each item must be name:variant[:window|:merged], got {item!r}")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("window", "merged", "merged_cluster")):
+      raise ValueError(f"--builds: each item must be name:variant[:window|:merged|:merged_cluster], got {item!r}")
     variant_options(parts[1])
     out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else ""))
   return out
@@ -113,9 +114,10 @@ def states_fn(variant, splits, window):
       o_t, m, l = mf.fp8_states(q_t, lengths, *cache, num_splits=splits, options=variant)
       return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
     kern_len = jnp.maximum(lengths - mk.TILE, 0) if window else lengths
-    if window == "merged":  # as `mosaic_decode` calls it: q as given, prepared and merged in the kernel
+    if window.startswith("merged"):  # as `mosaic_decode` calls it: q as given, prepared and merged in the kernel
       return mk.kivi2_states(q.reshape(b, kh, rep, h), kern_len, *cache, num_splits=splits, variant=variant,
-                             window=(*win, 1), merged=(rep, q.dtype), q_scale=scale).reshape(b, n, 1, h)
+                             window=(*win, 1), merged=(rep, q.dtype), q_scale=scale,
+                             merge_by="cluster" if window == "merged_cluster" else md.MERGE_BY).reshape(b, n, 1, h)
     o_t, m, l = mk.kivi2_states(q_t, kern_len, *cache, num_splits=splits, variant=variant,
                                 window=(*win, 1) if window else None)
     return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
@@ -210,6 +212,7 @@ def main(argv=None):
     row = {"build": name, "variant": variant, "window": window, "batch": b, "context": ctx, "splits": args.splits,
            "scale_dtype": args.scale_dtype}
     if not args.target_config:
+      row["device_kind"] = jax.devices()[0].device_kind
       def step(x, f=f):
         q, cs = x
         for c in cs:

@@ -80,21 +80,23 @@ def test_window_in_the_kernel(lengths, appends, t):
     md.decode_attention(q, c, window="triton")
 
 
-@pytest.mark.skipif(INTERPRET, reason="Mosaic GPU's interpreter assumes every program of a cluster makes the same "
-                    "scoped allocations; the window's program makes others than the tiles' (natively only)")
+@pytest.mark.skipif(INTERPRET, reason="Mosaic GPU's interpreter has no global semaphores (count) and assumes every "
+                    "program of a cluster makes the same scoped allocations, which the window's does not (natively only)")
 @pytest.mark.parametrize("lengths,appends,t,splits", [
     ((300, 0, 1, 128), 0, 1, 2),   # the window and 2 splits: a cluster of 3; empty, one token, exactly 128
     ((127, 385, 509), 1, 1, 4),    # a cluster of 5; the window straddles a quantized key group
     ((300, 2), 0, 4, 1),           # 4 query tokens: 16 rows; a cluster of 2
 ])
-def test_merge_in_a_cluster(lengths, appends, t, splits):
-  """cluster_merge=True: the NS + 1 states (the window's last) merged inside the kernel by the first program of
-  each (b, k)'s cluster, the rows stored in q's dtype: == the XLA merge of the same kernel's states, and ==
-  the library reference (natively: `benchmarks/runs/session20_b.sh`)."""
+@pytest.mark.parametrize("merge_by", ["count", "cluster"])
+def test_merge_in_the_kernel(lengths, appends, t, splits, merge_by, monkeypatch):
+  """kernel_merge=True: the NS + 1 states (the window's last) merged inside the kernel (by the last program of
+  each (b, k) to count itself, or the first of its cluster), the rows stored in q's dtype: == the XLA merge of
+  the same kernel's states, and == the library reference (natively: `benchmarks/runs/session21_a.sh`)."""
+  monkeypatch.setattr(md, "MERGE_BY", merge_by)
   c = _cache(lengths, capacity=1024, appends=appends, layout="words")
   q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, t, 128)), jnp.bfloat16)
   run = lambda merge: np.asarray(md.decode_attention(q, c, num_splits=splits, interpret=INTERPRET, window="kernel",
-                                                     cluster_merge=merge), np.float32)
+                                                     kernel_merge=merge), np.float32)
   out, xla = run(True), run(False)
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
   visible = np.broadcast_to((np.asarray(c.lengths)[:, None] - t + np.arange(t) >= 0)[:, None, :, None], out.shape)
@@ -103,19 +105,22 @@ def test_merge_in_a_cluster(lengths, appends, t, splits):
   np.testing.assert_array_equal(out[~visible], 0.0)
 
 
-def test_merge_in_a_cluster_only_where_the_states_fit_one():
+def test_merge_in_the_kernel_only_where_the_states_fit():
   """More than CLUSTER_MAX states (16 splits + the window) fall back to XLA's merge; kivi2_states refuses a
   merge it cannot do."""
   from pallas_kernels.gpu import mosaic_epilogue, mosaic_kivi as mk
   c = _cache((3000, 17), capacity=4096, layout="words")
   q = jnp.asarray(np.random.default_rng(7).normal(size=(2, 4, 1, 128)), jnp.bfloat16)
   assert mosaic_epilogue.CLUSTER_MAX == 8
-  out = md.decode_attention(q, c, num_splits=16, interpret=INTERPRET, window="kernel", cluster_merge=True)
+  out = md.decode_attention(q, c, num_splits=16, interpret=INTERPRET, window="kernel", kernel_merge=True)
   ref = attention.decode_attention(q.astype(jnp.float32), c)
   assert test_base.relative_error(np.asarray(out, np.float32), np.asarray(ref)) < 5e-3
   q_t = jnp.zeros((2, 1, 128, mk.ROWS), jnp.float32)
   with pytest.raises(ValueError, match="merged: rows must be"):
     mk.kivi2_states(q_t, c.lengths, *md.repack(c), num_splits=16, interpret=True, merged=(4, jnp.bfloat16))
+  with pytest.raises(ValueError, match="merge_by must be one of"):
+    mk.kivi2_states(q_t, c.lengths, *md.repack(c), num_splits=2, interpret=True, merged=(4, jnp.bfloat16),
+                    merge_by="atomic")
 
 
 def test_auto_window_takes_the_kernel_where_it_can():

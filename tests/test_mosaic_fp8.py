@@ -107,6 +107,8 @@ def test_glue_in_the_kernel_refuses_what_it_cannot_do():
     mf.fp8_attention(q, scale, *arrays, num_splits=16, interpret=True)
   with pytest.raises(ValueError, match="key_terms must be 0"):
     mf.fp8_attention(q, scale, *arrays, num_splits=2, interpret=True, options=mf.Fp8Options(key_terms=2))
+  with pytest.raises(ValueError, match="natively only"):
+    mf.fp8_attention(q, scale, *arrays, num_splits=2, interpret=True, options=mf.Fp8Options(merge="count"))
   with pytest.raises(ValueError, match="q must be"):
     mf.fp8_attention(jnp.zeros((2, 2, 17, 128), jnp.bfloat16), scale, *arrays, num_splits=2, interpret=True)
   fused = mf.Fp8Options(fused=True)
@@ -223,10 +225,12 @@ def test_states_match_reference_natively(dtype, build):
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
 @pytest.mark.parametrize("splits", [1, 2, 4, 8])
-@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64, stages=3)], ids=str)
+@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64, stages=3), mf.Fp8Options(merge="count")],
+                         ids=str)
 def test_glue_in_the_kernel_natively(build, splits):
-  """The compiled `fp8_attention` (the cluster's merge through global memory and TMA) == the reference, over
-  many (b, k) clusters, repeated (an ordering bug would show as a sometimes-wrong row)."""
+  """The compiled `fp8_attention` (the splits' merge through global memory and TMA, after a cluster barrier or
+  by the last to count itself) == the reference, over many (b, k), repeated (an ordering bug would show as a
+  sometimes-wrong row)."""
   lengths = (4096, 0, 1, 2000, 3333, 129, 4095, 700)
   q, scale, arrays, ref_q_t = _fused_case(lengths, 4, capacity=4096, kv_heads=8)
   ref = _merged(*mf.reference_states(ref_q_t, *arrays, num_splits=splits))[:, :, :4]
@@ -254,6 +258,8 @@ def test_bad_inputs_are_refused():
     call(num_queries=17)
   with pytest.raises(ValueError, match="stages must be"):
     mf.Fp8Options(stages=0)
+  with pytest.raises(ValueError, match="merge must be one of"):
+    mf.Fp8Options(merge="atomic")
   with pytest.raises(ValueError, match="lag must be"):
     mf.Fp8Options(lag=9)
   with pytest.raises(ValueError, match="min_share must be"):

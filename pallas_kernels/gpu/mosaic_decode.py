@@ -66,10 +66,14 @@ DEFAULT_WINDOW = "auto"
 # right and faster on the device. Compiled for an H200 on the CPU (B=1 1k, 2 splits + the window,
 # `decode_parts/mosaic_sass_aot_kivi_s20.json`): 128 registers against 121 and 56 KB of shared memory against 50,
 # 4 programs per SM either way, but its tile loop is 762 SASS instructions against 739 (3% more), so it is
-# taken by default (once on) only where all the programs fit one wave (CLUSTER_MERGE_MAX_PROGRAMS): short
+# taken by default (once on) only where all the programs fit one wave (KERNEL_MERGE_MAX_PROGRAMS): short
 # contexts and small batches, where the glue is a large share of the call.
-CLUSTER_MERGE = False
-CLUSTER_MERGE_MAX_PROGRAMS = 4 * 132
+KERNEL_MERGE = False
+KERNEL_MERGE_MAX_PROGRAMS = 4 * 132
+# How (`mosaic_epilogue.MERGES`). Session 21 (H100, the FP8 kernel alone at B=8 32k, 4 splits): a cluster of the
+# splits 272.8 us against 200.9 without the merge, the last-to-count merge 200.8 (`decode_parts/
+# mosaic_sass_fp8_s21b_*.json`); so "count".
+MERGE_BY = "count"
 
 
 def auto_window(variant: str | mk.Options, k_res_dtype, v_res_dtype) -> str:
@@ -168,16 +172,16 @@ def window_states(q, cache, kc, ks, kz, num_queries: int = 1):
 
 def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
                      variant: str | mk.Options = DEFAULT_VARIANT, interpret: bool = False,
-                     window: str = DEFAULT_WINDOW, cluster_merge: bool | None = None):
+                     window: str = DEFAULT_WINDOW, kernel_merge: bool | None = None):
   """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 cache: T query tokens at positions
   L - T + t (the last T cached; causal among them), N / K x T <= 16 rows per KV head.
   num_splits: None picks `default_splits`. window (`WINDOWS`), where the residual window's state is
   computed and the states merged: "auto" (`auto_window`: "kernel" where it can), "pallas", the window and the merge in one Pallas kernel
   (`window_merge`); "kernel", the window as one more program of the Mosaic kernel, merged in XLA
   (`decode.combine`); "xla", the window and the merge in XLA (`window_states`).
-  cluster_merge: with the window in the kernel, its NS + 1 states merged there too, where they fit one cluster
-  (`mosaic_epilogue.CLUSTER_MAX`); None: `CLUSTER_MERGE` where the programs fit one wave
-  (`CLUSTER_MERGE_MAX_PROGRAMS`)."""
+  kernel_merge: with the window in the kernel, its NS + 1 states merged there too (as `MERGE_BY`), where they
+  are at most `mosaic_epilogue.CLUSTER_MAX`; None: `KERNEL_MERGE` where the programs fit one wave
+  (`KERNEL_MERGE_MAX_PROGRAMS`)."""
   if (why := supports(cache)) is not None:
     raise ValueError(f"cache: {why}")
   if window not in WINDOWS:
@@ -193,18 +197,18 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   if window == "auto":
     window = auto_window(variant, cache.k_res.dtype, cache.v_res.dtype)
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
-  merge_here = (CLUSTER_MERGE and b * kh * (num_splits + 1) <= CLUSTER_MERGE_MAX_PROGRAMS
-                if cluster_merge is None else cluster_merge) and window == "kernel" \
+  merge_here = (KERNEL_MERGE and b * kh * (num_splits + 1) <= KERNEL_MERGE_MAX_PROGRAMS
+                if kernel_merge is None else kernel_merge) and window == "kernel" \
       and epilogue.cluster_merge_ok(num_splits + 1)
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
-                 interpret=interpret, window=window, cluster_merge=bool(merge_here))
+                 interpret=interpret, window=window, kernel_merge=MERGE_BY if merge_here else None)
 
 
 # A jit of its own: a model calls this once per layer, and nested jits of one signature are traced and
 # lowered once (Mosaic GPU's lowering takes ~2 s a call on a CPU core: 32 layers unrolled took longer
 # than the 120 s a session-12 throughput row allowed).
-@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window", "cluster_merge"))
-def _decode(q, cache, scale, *, num_splits, variant, interpret, window, cluster_merge=False):
+@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window", "kernel_merge"))
+def _decode(q, cache, scale, *, num_splits, variant, interpret, window, kernel_merge=None):
   b, n, t, h = q.shape
   kh = cache.num_kv_heads
   rep = n // kh * t  # query rows per KV head: head-major, then token
@@ -213,10 +217,10 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window, cluster_
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
   in_kernel = (cache.lengths, cache.k_res, cache.v_res, t) if window == "kernel" else None
   quantized_lengths = jnp.maximum(cache.lengths - cache.fmt.residual, 0)
-  if cluster_merge:  # q as it is, the window's state and the merge in the kernel: the attention itself
+  if kernel_merge:  # q as it is, the window's state and the merge in the kernel: the attention itself
     out = mk.kivi2_states(q.reshape(b, kh, rep, h), quantized_lengths, kc, ks, kz, vc, vs, vz,
                           num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel,
-                          merged=(rep, q.dtype), q_scale=scale)
+                          merged=(rep, q.dtype), q_scale=scale, merge_by=kernel_merge)
     return out.reshape(b, n, t, h)
   o_t, m, l = mk.kivi2_states(q_t, quantized_lengths, kc, ks, kz, vc, vs, vz, num_splits=num_splits,
                               variant=variant, interpret=interpret, window=in_kernel)

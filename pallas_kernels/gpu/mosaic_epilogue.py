@@ -21,13 +21,15 @@ from __future__ import annotations
 import functools
 
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["CLUSTER_MAX", "load_query_t", "merge_in_cluster", "store_rows", "normalize", "publish_global",
-           "cluster_merge_ok"]
+__all__ = ["CLUSTER_MAX", "MERGES", "load_query_t", "merge_in_cluster", "merge_by_last", "store_rows", "normalize",
+           "publish_global", "cluster_merge_ok", "merge_mesh", "merge_scratch", "merge_counters", "merge_states"]
 
 CLUSTER_MAX = 8  # CUDA's portable cluster size: the most splits merged in the kernel
+MERGES = ("cluster", "count")  # merge_in_cluster, merge_by_last
 
 
 def _ptx(text: str, *, warpgroup_sync: bool = False):
@@ -43,12 +45,16 @@ def _ptx(text: str, *, warpgroup_sync: bool = False):
   emit()
 
 
+ACQUIRE = "fence.acq_rel.gpu;\n\tfence.proxy.async.global;"  # generic stores before, TMA reads after
+RELEASE = "fence.acq_rel.gpu;"
+
+
 def publish_global(interpret: bool):
   """Before a cluster barrier's arrive (which one thread per peer makes, with release at CTA scope only):
   every thread's global stores made visible GPU-wide (`fence.acq_rel.gpu`, and to TMA), then the
   warpgroup synchronized, so no thread arrives before all of them have stored."""
   if not interpret:
-    _ptx("fence.acq_rel.gpu;\n\tfence.proxy.async.global;", warpgroup_sync=True)
+    _ptx(ACQUIRE, warpgroup_sync=True)
 
 
 def _load(ref, layout, interpret, optimized=True):
@@ -88,38 +94,126 @@ def normalize(o, l):
   return o * jnp.where(l > 0, 1.0 / jnp.where(l > 0, l, 1.0), 0.0)[None, :]
 
 
-def merge_in_cluster(o, m, l, states, out_ref, cluster_barrier, *, split, num_splits: int, interpret: bool):
-  """Every program of the cluster: its state (o [H, N] f32, m, l [N], m in the log2 domain) into
-  states = (st_o [NS, H, N], st_m [NS, N], st_l [NS, N]) (global, this (b, k)'s slices) at `split`; then
-  the first program merges all of them into out_ref [rows, H] (global)."""
+def _merge(states, out_ref, merger, *, num_splits: int, interpret: bool):
+  """The states (st_o [NS, H, N], st_m, st_l [NS, N], global, written by other programs and published) merged
+  by log-sum-exp into out_ref [rows, H] (global) by the program where merger(flag) (flag: a shared int32 [1]
+  it may use) holds: a GPU-scope acquire, then TMA's reads. The buffers are scoped (the pipeline's memory by
+  now) in every program (the interpreter allocates collectively)."""
+  st_o, _, _ = states
+  h, n = st_o.shape[1:]
+
+  def merge(o_smem, ml_smem, out_smem, flag, bar):
+    pl.when(merger(flag))(lambda: _merge_here(states, out_ref, (o_smem, ml_smem.at[0], ml_smem.at[1], out_smem, bar),
+                                              num_splits=num_splits, interpret=interpret))
+  # m and l one buffer: each scoped buffer takes whole KBs (the KIVI-2 kernel's 4 programs per SM need it)
+  pl.run_scoped(merge, plgpu.SMEM((num_splits, h, n), jnp.float32), plgpu.SMEM((2, num_splits, n), jnp.float32),
+                plgpu.SMEM((n, h), out_ref.dtype), plgpu.SMEM((1,), jnp.int32), plgpu.Barrier(num_arrivals=3))
+
+
+def _merge_here(states, out_ref, buffers, *, num_splits, interpret):
+  o_smem, m_smem, l_smem, out_smem, bar = buffers
+  if not interpret:  # acquire GPU-wide (a cluster barrier's wait is CTA scope), then TMA's reads
+    _ptx(ACQUIRE)
+  for src, dst in zip(states, (o_smem, m_smem, l_smem)):
+    plgpu.copy_gmem_to_smem(src, dst, bar)
+  plgpu.barrier_wait(bar)
+  col = plgpu.Layout.WGMMA.reduce(0)
+  ms = [_load(m_smem.at[j], col, interpret) for j in range(num_splits)]
+  top = functools.reduce(jnp.maximum, ms)
+  ws = [jnp.exp2(mj - top) for mj in ms]  # 0 for an empty split (m = NEG) beside a seen one
+  l_tot = functools.reduce(jnp.add, [w * _load(l_smem.at[j], col, interpret) for j, w in enumerate(ws)])
+  acc = functools.reduce(jnp.add, [_load(o_smem.at[j], plgpu.Layout.WGMMA, interpret) * w[None, :]
+                                   for j, w in enumerate(ws)])
+  store_rows(normalize(acc, l_tot), out_ref, out_smem, interpret=interpret)
+
+
+def _publish(o, m, l, states, split, interpret):
   st_o, st_m, st_l = states
-  h, n = o.shape
   st_o[split] = o
   st_m[split] = m
   st_l[split] = l
   publish_global(interpret)
+
+
+def merge_in_cluster(o, m, l, states, out_ref, cluster_barrier, *, split, num_splits: int, interpret: bool):
+  """Every program of the cluster: its state (o [H, N] f32, m, l [N], m in the log2 domain) into
+  states = (st_o [NS, H, N], st_m [NS, N], st_l [NS, N]) (global, this (b, k)'s slices) at `split`; then
+  the first program merges all of them into out_ref [rows, H] (global)."""
+  _publish(o, m, l, states, split, interpret)
   plgpu.barrier_arrive(cluster_barrier)
   plgpu.barrier_wait(cluster_barrier)
+  _merge(states, out_ref, lambda flag: split == 0, num_splits=num_splits, interpret=interpret)
 
-  def merge(o_smem, m_smem, l_smem, out_smem, bar):  # scoped in every program (the interpreter allocates
-    @pl.when(split == 0)                              # collectively), used by the first
-    def _():
-      if not interpret:  # acquire GPU-wide (the barrier's wait is CTA scope), then TMA's reads
-        _ptx("fence.acq_rel.gpu;\n\tfence.proxy.async.global;")
-      for src, dst in ((st_o, o_smem), (st_m, m_smem), (st_l, l_smem)):
-        plgpu.copy_gmem_to_smem(src, dst, bar)
-      plgpu.barrier_wait(bar)
-      col = plgpu.Layout.WGMMA.reduce(0)
-      ms = [_load(m_smem.at[j], col, interpret) for j in range(num_splits)]
-      top = functools.reduce(jnp.maximum, ms)
-      ws = [jnp.exp2(mj - top) for mj in ms]  # 0 for an empty split (m = NEG) beside a seen one
-      l_tot = functools.reduce(jnp.add, [w * _load(l_smem.at[j], col, interpret) for j, w in enumerate(ws)])
-      acc = functools.reduce(jnp.add, [_load(o_smem.at[j], plgpu.Layout.WGMMA, interpret) * w[None, :]
-                                       for j, w in enumerate(ws)])
-      store_rows(normalize(acc, l_tot), out_ref, out_smem, interpret=interpret)
-  pl.run_scoped(merge, plgpu.SMEM((num_splits, h, n), jnp.float32), plgpu.SMEM((num_splits, n), jnp.float32),
-                plgpu.SMEM((num_splits, n), jnp.float32), plgpu.SMEM((n, h), out_ref.dtype),
-                plgpu.Barrier(num_arrivals=3))
+
+def _count_arrival(counter, flag):
+  """One thread of the warpgroup adds 1 to counter (global int32 [1]; acquire-release at GPU scope) and
+  puts the count before its add in flag (shared int32 [1]); then the warpgroup barrier."""
+  from jax.experimental.mosaic.gpu import utils  # noqa: PLC0415 (kernel only)
+  from jaxlib.mlir import ir  # noqa: PLC0415
+  from jaxlib.mlir.dialects import arith, llvm, memref  # noqa: PLC0415
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
+  def emit(ctx, counter, flag):
+    del ctx
+    i32 = ir.IntegerType.get_signless(32)
+    with utils.single_thread(utils.ThreadSubset.WARPGROUP):
+      old = llvm.inline_asm(i32, [utils.memref_ptr(counter)], "atom.add.acq_rel.gpu.global.u32 $0, [$1], 1;",
+                            "=r,l", has_side_effects=True)
+      memref.store(old, flag, [arith.constant(ir.IndexType.get(), 0)])
+    utils.warpgroup_barrier()
+  emit(counter, flag)
+
+
+def merge_by_last(o, m, l, states, out_ref, counter, *, split, num_splits: int, interpret: bool):
+  """As `merge_in_cluster`, without a cluster: each program publishes its state and counts itself in
+  counter (global int32 [1], this (b, k)'s, zero at the launch: `pl.get_global`); the program that
+  counts last merges. The splits need not be resident together (no co-scheduling), and any number merge."""
+  if interpret:
+    raise NotImplementedError("the counted merge is native only (Mosaic GPU's interpreter has no get_global)")
+  _publish(o, m, l, states, split, interpret)
+  _ptx(RELEASE)  # the warpgroup's stores (ordered by publish's barrier) before the count, cumulatively
+
+  def last(flag):
+    _count_arrival(counter, flag)
+    return flag[0] == num_splits - 1
+  _merge(states, out_ref, last, num_splits=num_splits, interpret=interpret)
+
+
+def merge_mesh(batch: int, kv_heads: int, num_states: int, merge_by: str | None) -> dict:
+  """`plgpu.kernel`'s grid for the (b, k, s) programs of a kernel merging its states `merge_by` (`MERGES`;
+  None: not in the kernel)."""
+  if merge_by == "cluster":
+    return dict(grid=(batch, kv_heads), grid_names=("b", "k"), cluster=(num_states,), cluster_names=("s",))
+  return dict(grid=(batch, kv_heads, num_states), grid_names=("b", "k", "s"))
+
+
+def merge_scratch(merge_by: str) -> tuple:
+  """The scratch `merge_states` takes as `sync`: the cluster's barrier, or none for the count."""
+  if merge_by == "cluster":
+    return (plgpu.ClusterBarrier(collective_axes=("s",), num_arrivals=1),)
+  return ()
+
+
+def merge_counters(merge_by: str, batch: int, kv_heads: int):
+  """The global counters of merge_by "count" (int32 [B x K], zero at each launch: `pl.get_global`); None for
+  "cluster". Called once at the top of the kernel's body (each call is another allocation)."""
+  return pl.get_global(plgpu.SemaphoreType.REGULAR((batch * kv_heads,))) if merge_by == "count" else None
+
+
+def merge_states(o, m, l, states, out_ref, sync, counters, *, merge_by: str, num_splits: int, interpret: bool):
+  """This program's state into the in-kernel merge of its (b, k) (`merge_in_cluster` or `merge_by_last`):
+  states = (st_o, st_m, st_l) (global, [B, K, NS, ...]), out_ref [B, K, rows, H] (global), sync from
+  `merge_scratch` (a list: empty for the count), counters from `merge_counters`; the program's (b, k, s) from the axes "b", "k", "s"
+  (`merge_mesh`)."""
+  bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
+  mine = tuple(x.at[bi, ki] for x in states)
+  if merge_by == "cluster":
+    merge_in_cluster(o, m, l, mine, out_ref.at[bi, ki], sync[0], split=si, num_splits=num_splits,
+                     interpret=interpret)
+  else:
+    counter = counters.at[pl.ds(bi * states[0].shape[1] + ki, 1)]
+    merge_by_last(o, m, l, mine, out_ref.at[bi, ki], counter, split=si, num_splits=num_splits,
+                  interpret=interpret)
 
 
 def cluster_merge_ok(num_splits: int) -> bool:

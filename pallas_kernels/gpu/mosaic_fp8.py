@@ -95,6 +95,9 @@ class Fp8Options:
     for an H200 on the CPU (171 registers against 165, 2 programs per SM either way, the tile loop 737 SASS
     instructions against 719: `decode_parts/mosaic_sass_aot_fp8_s20.json`); off by default until
     `benchmarks/runs/session20_a.sh` has shown it right and faster on the device.
+  merge: with fused and splits > 1, how the splits' states meet (`mosaic_epilogue.MERGES`): "cluster", the
+    splits of a (b, k) one cluster, merged by its first program after a cluster barrier; "count", no
+    cluster: each program counts itself in a global counter and the last merges.
   """
   tile: int = 128
   stages: int = 2
@@ -108,6 +111,7 @@ class Fp8Options:
   upcast_layout: bool = False
   key_perm: bool = False
   fused: bool = False
+  merge: str = "cluster"
 
   def __post_init__(self):
     if self.tile not in (64, 128):
@@ -120,6 +124,8 @@ class Fp8Options:
       raise ValueError(f"min_share must be >= 1, got {self.min_share}")
     if self.key_terms not in (0, 2, 3):
       raise ValueError(f"key_terms must be 0 (fp16 keys), 2 or 3 (8-bit key products), got {self.key_terms}")
+    if self.merge not in epilogue.MERGES:
+      raise ValueError(f"merge must be one of {epilogue.MERGES}, got {self.merge!r}")
     if self.key_perm and (self.key_terms or not self.swizzle):
       raise ValueError(f"key_perm converts swizzled fp16 key slabs: it needs swizzle=True and key_terms=0, got "
                        f"swizzle={self.swizzle}, key_terms={self.key_terms}")
@@ -183,13 +189,16 @@ def fp8_attention(q, scale, lengths, k, ks, v, vs, *, num_splits: int, value_til
 
   q [B, K, rows, H] (any float dtype; row r is query token r % num_queries, as `fp8_states`' columns);
   scale: f32 scalar (softmax scale x log2 e); the cache arrays as `fp8_states`. num_splits: 1, or at
-  most `mosaic_epilogue.CLUSTER_MAX` (the splits of a (b, k) are one cluster). Needs key_terms=0.
+  most `mosaic_epilogue.CLUSTER_MAX` (merged as `options.merge` says; "count" natively only). Needs key_terms=0.
   Returns [B, K, rows, H] in q's dtype (zero for a row that saw no token)."""
   b, kh, rows, h = q.shape
   if h != 128 or not 1 <= rows <= ROWS:
     raise ValueError(f"q must be [B, K, rows <= {ROWS}, 128], got {q.shape}")
   if not (num_splits == 1 or epilogue.cluster_merge_ok(num_splits)):
-    raise ValueError(f"num_splits must be 1..{epilogue.CLUSTER_MAX} to merge in a cluster, got {num_splits}")
+    raise ValueError(f"num_splits must be 1..{epilogue.CLUSTER_MAX} to merge in the kernel, got {num_splits}")
+  if interpret and num_splits > 1 and options.merge == "count":
+    raise ValueError("merge='count' runs natively only (Mosaic GPU's interpreter has no global semaphores): "
+                     f"got interpret=True with num_splits={num_splits}")
   if options.key_terms:
     raise ValueError(f"the in-kernel query prep makes fp16 queries: key_terms must be 0, got {options.key_terms}")
   if options.key_perm:
@@ -266,11 +275,11 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
       return plgpu.layout_cast(x, plgpu.Layout.WGMMA) if opt.upcast_layout else x
     return [functools.partial(one, m) for m in range(count)]
 
-  clustered = merged and num_splits > 1
+  split_merge = merged and num_splits > 1  # states through global memory, merged in the kernel
 
   def body(q_g, inv_g, len_g, k_g, v_g, ks_g, vs_g, *refs):
-    n_out = (4 if clustered else 1) if merged else 3
-    outs, (q_smem, pt_smem, bar, *cluster_barrier) = refs[:n_out], refs[n_out:]
+    n_out = (4 if split_merge else 1) if merged else 3
+    outs, (q_smem, pt_smem, bar, *sync) = refs[:n_out], refs[n_out:]
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
     if merged:  # the caller's rows, scaled, transposed and padded here
       epilogue.load_query_t(q_g.at[bi, ki], inv_g[0], q_smem, bar, interpret=interpret)
@@ -342,11 +351,9 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     o, m_f, l_f = pipe(k_g.at[bi, ki], v_g.at[bi, ki], ks_g.at[bi, ki], vs_g.at[bi, ki])
     o = o * (1.0 / fold)
     l_f = jnp.sum(l_f, axis=0) if opt.lazy_sums else l_f
-    if clustered:
-      st_o, st_m, st_l, out_g = outs
-      epilogue.merge_in_cluster(o, m_f, l_f, (st_o.at[bi, ki], st_m.at[bi, ki], st_l.at[bi, ki]),
-                                out_g.at[bi, ki], cluster_barrier[0], split=si, num_splits=num_splits,
-                                interpret=interpret)
+    if split_merge:
+      epilogue.merge_states(o, m_f, l_f, outs[:3], outs[3], sync, epilogue.merge_counters(opt.merge, b, kh),
+                            merge_by=opt.merge, num_splits=num_splits, interpret=interpret)
     elif merged:  # one split: normalized here
       (out_g,) = outs
       pl.run_scoped(lambda out_smem: epilogue.store_rows(epilogue.normalize(o, l_f), out_g.at[bi, ki], out_smem,
@@ -363,11 +370,10 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
                  jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32),
                  jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), jnp.float32))
   if merged:
-    out_type = (*(state_types if clustered else ()), jax.ShapeDtypeStruct(q_in.shape, q_in.dtype))
+    out_type = (*(state_types if split_merge else ()), jax.ShapeDtypeStruct(q_in.shape, q_in.dtype))
   else:
     out_type = state_types
-  mesh = (dict(grid=(b, kh), grid_names=("b", "k"), cluster=(num_splits,), cluster_names=("s",)) if clustered
-          else dict(grid=(b, kh, num_splits), grid_names=("b", "k", "s")))
+  mesh = epilogue.merge_mesh(b, kh, num_splits, opt.merge if split_merge else None)
   f = plgpu.kernel(
       body,
       out_type=out_type,
@@ -375,7 +381,7 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((tile, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.Barrier(num_arrivals=1),
-                     *((plgpu.ClusterBarrier(collective_axes=("s",), num_arrivals=1),) if clustered else ())],
+                     *(epilogue.merge_scratch(opt.merge) if split_merge else ())],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                            approx_math=opt.approx_math,
                                            unsafe_no_auto_barriers=opt.manual_barriers),

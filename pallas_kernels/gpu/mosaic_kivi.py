@@ -74,7 +74,7 @@ def pack_values(codes):
 
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
                  stages: int = 2, variant: str | Options = "folded_lazy", profile_dir: str = "",
-                 profile_space: int = 0, window=None, merged=None, q_scale=None):
+                 profile_space: int = 0, window=None, merged=None, q_scale=None, merge_by: str = "count"):
   """Per-split flash-decoding states of KIVI-2 (G=128) attention.
 
   q_t [B, K, H, 16] f32 (queries transposed, scaled by softmax scale x log2 e, rows padded to 16);
@@ -91,8 +91,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   Needs a `dequant_in_a` variant. (Session 15, H200: folding the window into split 0's starting state
   instead was slower at every point timed, `decode_parts/decode_s15d_kivi.json`.)
   merged: None, or (rows, dtype): the states (NS, or NS + 1 with the window; 2 to
-  `mosaic_epilogue.CLUSTER_MAX`) merged inside the kernel, the programs of a (b, k) one cluster
-  (`mosaic_epilogue.merge_in_cluster`): returns the attention [B, K, rows, H] in dtype instead.
+  `mosaic_epilogue.CLUSTER_MAX`) merged inside the kernel as merge_by says (`mosaic_epilogue.MERGES`:
+  "count", the last program of a (b, k) to count itself merges; "cluster", the programs of a (b, k) one
+  cluster, merged by the first): returns the attention [B, K, rows, H] in dtype instead. Natively only
+  ("count": the interpreter has no global semaphores; "cluster": it deadlocks on the window program's
+  scoped allocations).
   q_scale: None, or the softmax scale x log2 e (f32 scalar): q_t is then the query rows as the caller holds
   them, [B, K, rows, H] in any float dtype, scaled, transposed and padded inside the kernel
   (`mosaic_epilogue.load_query_t`: no XLA op before the call).
@@ -131,8 +134,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       raise ValueError(f"window: the query tokens T must be in [1, {ROWS}], got {w_queries}")
   n_states = num_splits + (window is not None)
   if merged is not None and not (1 <= merged[0] <= ROWS and epilogue.cluster_merge_ok(n_states)):
-    raise ValueError(f"merged: rows must be in [1, {ROWS}] and the states 2..{epilogue.CLUSTER_MAX} (one cluster), "
+    raise ValueError(f"merged: rows must be in [1, {ROWS}] and the states 2..{epilogue.CLUSTER_MAX}, "
                      f"got rows {merged[0]}, {n_states} states")
+  if merge_by not in epilogue.MERGES:
+    raise ValueError(f"merge_by must be one of {epilogue.MERGES}, got {merge_by!r}")
   per = s // TILE // num_splits
   swz = plgpu.find_swizzle(ROWS * 16, "rhs")
   b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
@@ -325,16 +330,16 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     (q_g, len_g, magic_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g), win_refs = refs[:9], refs[9:9 + 3 * (window is not None)]
     lw_g, kres_g, vres_g = win_refs if window is not None else (None,) * 3
     outs = refs[n_in:n_in + 3 + (merged is not None)]
-    qs_smem, pt_smem, q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar, *cluster_barrier = refs[n_in + len(outs):]
+    qs_smem, pt_smem, q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar, *sync = refs[n_in + len(outs):]
+    counters = None if merged is None else epilogue.merge_counters(merge_by, b, kh)  # once: both branches' count
 
-    def emit(o, m, l):  # this program's state: to the outputs, or into the cluster's merge
+    def emit(o, m, l):  # this program's state: to the outputs, or into the in-kernel merge
       if merged is None:
         o_g, m_g, l_g = outs
         o_g[bi, ki, si], m_g[bi, ki, si], l_g[bi, ki, si] = o, m, l
       else:
-        st_o, st_m, st_l, out_g = outs
-        epilogue.merge_in_cluster(o, m, l, (st_o.at[bi, ki], st_m.at[bi, ki], st_l.at[bi, ki]), out_g.at[bi, ki],
-                                  cluster_barrier[0], split=si, num_splits=n_states, interpret=interpret)
+        epilogue.merge_states(o, m, l, outs[:3], outs[3], sync, counters, merge_by=merge_by,
+                              num_splits=n_states, interpret=interpret)
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
     if q_scale is None:
       plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
@@ -441,11 +446,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   out_type = (jax.ShapeDtypeStruct((b, kh, n_states, h, ROWS), jnp.float32),
               jax.ShapeDtypeStruct((b, kh, n_states, ROWS), jnp.float32),
               jax.ShapeDtypeStruct((b, kh, n_states, ROWS), jnp.float32))
-  if merged is None:
-    mesh = dict(grid=(b, kh, n_states), grid_names=("b", "k", "s"))
-  else:
+  mesh = epilogue.merge_mesh(b, kh, n_states, None if merged is None else merge_by)
+  if merged is not None:
     out_type += (jax.ShapeDtypeStruct((b, kh, merged[0], h), merged[1]),)
-    mesh = dict(grid=(b, kh), grid_names=("b", "k"), cluster=(n_states,), cluster_names=("s",))
   f = plgpu.kernel(
       body,
       out_type=out_type, **mesh,
@@ -456,7 +459,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                      plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16),
                      [plgpu.SMEM((opt.tiles_per_step * n_,), jnp.float16) for n_ in (h, h, TILE, TILE)] if once else [],
                      plgpu.Barrier(num_arrivals=1),
-                     *(() if merged is None else (plgpu.ClusterBarrier(collective_axes=("s",), num_arrivals=1),))],
+                     *(() if merged is None else epilogue.merge_scratch(merge_by))],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                            approx_math=opt.approx_math,
                                            unsafe_no_auto_barriers=opt.manual_barriers, **prof),

@@ -332,7 +332,7 @@ def _mosaic_fp8_attention(q, cache, sm_scale, softcap, window, interpret, num_sp
 
 
 def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, mosaic_window,
-                      triton_options, cluster_merge=None):
+                      triton_options, kernel_merge=None):
   """A "words" KIVI-2 cache through `mosaic_decode` (query heads per KV head x tokens <= 16,
   no soft-cap or sliding window); NotImplementedError otherwise, so `dispatch` falls back to XLA.
   mosaic_window: `mosaic_decode.decode_attention`'s window (where the residual window's state is made)."""
@@ -340,7 +340,7 @@ def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits
     raise NotImplementedError(f"pallas_gpu: 'words' KIVI cache: {why}")
   _mosaic_refusals(q, cache, softcap, window, triton_options, "the Mosaic KIVI-2 kernel a 'words' cache goes to")
   return mosaic_decode.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits,
-                                        interpret=interpret, window=mosaic_window, cluster_merge=cluster_merge)
+                                        interpret=interpret, window=mosaic_window, kernel_merge=kernel_merge)
 
 
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
@@ -354,8 +354,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   pallas_merge: merge the per-split states with the one-kernel `merge.merge_states` or with XLA
   (`decode.combine`, the reference). None: on a GPU `merge_in_kernel`, else XLA. On a "words" KIVI-2
   cache (the Mosaic kernel): False puts the residual window and the merge in XLA (mosaic_window "xla"),
-  True the merge inside the kernel where its states fit one cluster (`mosaic_decode`'s cluster_merge; None:
-  `mosaic_decode.CLUSTER_MERGE`'s rule).
+  True the merge inside the kernel where its states are at most `mosaic_epilogue.CLUSTER_MAX`
+  (`mosaic_decode`'s kernel_merge, by `mosaic_decode.MERGE_BY`; None: `mosaic_decode.KERNEL_MERGE`'s rule).
   mosaic_window: on a "words" KIVI-2 cache, where the residual window's state is computed
   (`mosaic_decode.WINDOWS`; None: `mosaic_decode.DEFAULT_WINDOW`, or "xla" with pallas_merge=False).
   mosaic_fp8: an FP8 cache (per-token scales, values in tiles) through the Mosaic GPU kernel (`mosaic_fp8`)
@@ -393,7 +393,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
     if mosaic_window is None:
       mosaic_window = "xla" if pallas_merge is False else mosaic_decode.DEFAULT_WINDOW
     return _mosaic_attention(q, cache, sm_scale, logit_softcap, window, interpret, num_splits, mosaic_window,
-                             triton_options, cluster_merge=True if pallas_merge else None)
+                             triton_options, kernel_merge=True if pallas_merge else None)
   if mosaic_window is not None:
     raise NotImplementedError(f"pallas_gpu: mosaic_window={mosaic_window!r} applies to 'words' KIVI-2 caches "
                               f"(the Mosaic kernel), not {cache.fmt}")
