@@ -23,6 +23,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import sys
 import tarfile
 
@@ -200,7 +201,8 @@ def main(argv=None):
   rows = []
   for name, variant, window in builds:
     d = os.path.join(args.dump_root, name)
-    os.makedirs(d, exist_ok=True)
+    shutil.rmtree(d, ignore_errors=True)  # an earlier run's dumps would be read as this build's
+    os.makedirs(d)
     os.environ.update(MOSAIC_GPU_DUMP_TO=d, MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
     f = states_fn(variant_options(variant), args.splits, window)
     if args.target_config:

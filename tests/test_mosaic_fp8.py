@@ -225,7 +225,7 @@ def test_states_match_reference_natively(dtype, build):
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
 @pytest.mark.parametrize("splits", [1, 2, 4, 8])
-@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64, stages=3), mf.Fp8Options(merge="count")],
+@pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64, stages=3), mf.Fp8Options(merge="cluster")],
                          ids=str)
 def test_glue_in_the_kernel_natively(build, splits):
   """The compiled `fp8_attention` (the splits' merge through global memory and TMA, after a cluster barrier or

@@ -25,11 +25,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.gpu.mosaic_options import MERGES  # merge_by_last, merge_in_cluster
+
 __all__ = ["CLUSTER_MAX", "MERGES", "load_query_t", "merge_in_cluster", "merge_by_last", "store_rows", "normalize",
            "publish_global", "cluster_merge_ok", "merge_mesh", "merge_scratch", "merge_counters", "merge_states"]
 
 CLUSTER_MAX = 8  # CUDA's portable cluster size: the most splits merged in the kernel
-MERGES = ("cluster", "count")  # merge_in_cluster, merge_by_last
 
 
 def _ptx(text: str, *, warpgroup_sync: bool = False):

@@ -29,7 +29,6 @@ compiled for an H200 on the CPU).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -42,6 +41,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from kvjax.formats import FP8Spec
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_epilogue as epilogue, mosaic_kivi as mk
 from pallas_kernels.gpu.mosaic_common import balanced_range, wgmma_sum
+from pallas_kernels.gpu.mosaic_options import Fp8Options
 
 __all__ = ["TILE", "ROWS", "Fp8Options", "fp8_states", "reference_states", "supports", "decode_attention",
            "splits_for", "TARGET_PROGRAMS", "split_e4m3", "fp8_attention"]
@@ -59,95 +59,6 @@ NEG = mk.NEG
 # slab column j is byte KEY_PERM[j] of the slab.
 KEY_PERM = tuple(4 * (j % 8 // 2) + j % 2 + 2 * (j // 8) for j in range(SLAB))
 VALUE_FOLD = {jnp.dtype(jnp.float8_e4m3fn): 2.0 ** 8, jnp.dtype(jnp.float8_e5m2): 2.0 ** 15}
-
-
-@dataclasses.dataclass(frozen=True)
-class Fp8Options:
-  """How `fp8_states` builds its step.
-
-  tile: tokens per pipeline step (64 or 128; a multiple of the value tile). Shared memory per program
-    (compiled for an H200): 128 with 2 stages 76 KB (2 programs per SM), 3 stages 108 KB (2); 64 with 2
-    stages 42 KB (5), 3 stages 58 KB (3).
-  stages: pipeline stages (TMA copies in flight per program; 256 x tile bytes of codes a stage).
-  lag: WGMMA groups left in flight while the next slab is converted (None: all issued, then waited).
-  min_share: each split takes at least this many of the live steps (the splits past them none).
-  manual_barriers: Mosaic GPU's automatic barriers off; the step's commits order its shared buffers
-    (as `mosaic_kivi.Options.manual_barriers`).
-  lazy_sums: l kept as per-thread [TILE, N] sums, reduced once at the end.
-  approx_math: ex2.approx.
-  key_terms: 0, the key slabs converted to fp16 in registers (fp16 q); 2 or 3, the key tile straight from
-    shared memory as an 8-bit WGMMA A operand (no loads, no conversions) against the query split into that
-    many e4m3 terms (`split_e4m3`; one power-of-two scale per (sequence, KV head)), one 8-bit product per
-    term. Relative logit error on random data (codes ~N(0, 40), q ~N(0, 0.13) with outlier channels):
-    2 terms 6.3e-4, 3 terms 2.5e-5; fp16 q 1.9e-4, bf16 1.6e-3 (`benchmarks/split_precision.py`).
-  upcast_layout: the swizzled tiles loaded in Mosaic's 8-bit upcast layout (32-bit loads), converted, then
-    moved to WGMMA's 16-bit A layout (a shuffle a register pair).
-  key_perm: the key tile loaded in WGMMA's 8-bit layout (each thread's four codes of a row in one 32-bit
-    load) and its registers taken as the 16-bit A layout as they are: slab columns in the order `KEY_PERM`
-    (within each 16), which the query's channels are put in before the kernel (a dot product over
-    channels does not depend on their order). Half the key loads, no shuffles.
-  swizzle: the codes TMA-copied as swizzled tiles of whole rows (keys 128 bytes, values `value_tile` bytes;
-    value tiles of 16 tokens stay unswizzled); False: in [8, 16]-byte tiles, each slab whole tiles
-    (session 18's first build: 271 us at B=8 32k on the H200, bound by TMA's 16-byte rows).
-  fused: through `decode_attention`, the query's prep and the split merge inside the kernel
-    (`fp8_attention`, `mosaic_epilogue`) where the splits are 1 or fit one cluster (<= CLUSTER_MAX) and
-    key_terms is 0; else XLA's, around `fp8_states`. Session 20 (no device lent): interpreted and compiled
-    for an H200 on the CPU (171 registers against 165, 2 programs per SM either way, the tile loop 737 SASS
-    instructions against 719: `decode_parts/mosaic_sass_aot_fp8_s20.json`); off by default until
-    `benchmarks/runs/session20_a.sh` has shown it right and faster on the device.
-  merge: with fused and splits > 1, how the splits' states meet (`mosaic_epilogue.MERGES`): "cluster", the
-    splits of a (b, k) one cluster, merged by its first program after a cluster barrier; "count", no
-    cluster: each program counts itself in a global counter and the last merges.
-  """
-  tile: int = 128
-  stages: int = 2
-  lag: int | None = 1
-  min_share: int = 1
-  manual_barriers: bool = True
-  lazy_sums: bool = True
-  approx_math: bool = True
-  key_terms: int = 0
-  swizzle: bool = True
-  upcast_layout: bool = False
-  key_perm: bool = False
-  fused: bool = False
-  merge: str = "cluster"
-
-  def __post_init__(self):
-    if self.tile not in (64, 128):
-      raise ValueError(f"tile must be 64 or 128 tokens, got {self.tile}")
-    if not 1 <= self.stages <= 4:
-      raise ValueError(f"stages must be in [1, 4], got {self.stages}")
-    if self.lag is not None and not 0 <= self.lag <= 8:
-      raise ValueError(f"lag must be None or 0..8 WGMMA groups in flight, got {self.lag}")
-    if self.min_share < 1:
-      raise ValueError(f"min_share must be >= 1, got {self.min_share}")
-    if self.key_terms not in (0, 2, 3):
-      raise ValueError(f"key_terms must be 0 (fp16 keys), 2 or 3 (8-bit key products), got {self.key_terms}")
-    if self.merge not in epilogue.MERGES:
-      raise ValueError(f"merge must be one of {epilogue.MERGES}, got {self.merge!r}")
-    if self.key_perm and (self.key_terms or not self.swizzle):
-      raise ValueError(f"key_perm converts swizzled fp16 key slabs: it needs swizzle=True and key_terms=0, got "
-                       f"swizzle={self.swizzle}, key_terms={self.key_terms}")
-
-  def __str__(self):  # the fields off their defaults, as `benchmarks/mosaic_sass.py` names builds: fp8+tile=64
-    return "fp8" + "".join(f"+{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
-                           if getattr(self, f.name) != f.default)
-
-  @classmethod
-  def parse(cls, text: str) -> "Fp8Options":
-    """The inverse of `str`: 'fp8' or 'fp8+field=value+...' (ints, True / False, None)."""
-    base, *edits = text.split("+")
-    fields = {f.name for f in dataclasses.fields(cls)}
-    if base != "fp8":
-      raise ValueError(f"an Fp8Options build is 'fp8[+field=value...]', got {text!r}")
-    changes = {}
-    for edit in edits:
-      key, _, val = edit.partition("=")
-      if key not in fields:
-        raise ValueError(f"{key!r} is not an Fp8Options field (one of {sorted(fields)})")
-      changes[key] = {"None": None, "True": True, "False": False}.get(val, int(val) if val.lstrip("-").isdigit() else val)
-    return cls(**changes)
 
 
 def split_e4m3(q_t, terms: int):
@@ -196,11 +107,11 @@ def fp8_attention(q, scale, lengths, k, ks, v, vs, *, num_splits: int, value_til
     raise ValueError(f"q must be [B, K, rows <= {ROWS}, 128], got {q.shape}")
   if not (num_splits == 1 or epilogue.cluster_merge_ok(num_splits)):
     raise ValueError(f"num_splits must be 1..{epilogue.CLUSTER_MAX} to merge in the kernel, got {num_splits}")
+  if options.key_terms:
+    raise ValueError(f"the in-kernel query prep makes fp16 queries: key_terms must be 0, got {options.key_terms}")
   if interpret and num_splits > 1 and options.merge == "count":
     raise ValueError("merge='count' runs natively only (Mosaic GPU's interpreter has no global semaphores): "
                      f"got interpret=True with num_splits={num_splits}")
-  if options.key_terms:
-    raise ValueError(f"the in-kernel query prep makes fp16 queries: key_terms must be 0, got {options.key_terms}")
   if options.key_perm:
     q = q[..., jnp.array(_perm(h))]
   return _run(q, jnp.reshape(jnp.asarray(scale, jnp.float32), (1,)), lengths, k, ks, v, vs,

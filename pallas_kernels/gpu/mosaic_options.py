@@ -1,12 +1,14 @@
-"""How the Mosaic GPU KIVI-2 kernel (`mosaic_kivi.kivi2_states`) builds its tile step: `Options` and the
-named presets sessions 11-15 timed on the H200 (`benchmarks/NOTES_gpu.md`); `mosaic_decode.DEFAULT_VARIANT`
-names the default."""
+"""How the Mosaic GPU kernels build their tile step: the KIVI-2 kernel's (`mosaic_kivi.kivi2_states`)
+`Options` and the named presets sessions 11-15 timed on the H200 (`benchmarks/NOTES_gpu.md`;
+`mosaic_decode.DEFAULT_VARIANT` names the default), and the FP8 kernel's (`mosaic_fp8`) `Fp8Options`."""
 
 from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Options", "VARIANTS", "DENORM_LOG2"]
+__all__ = ["Options", "VARIANTS", "DENORM_LOG2", "Fp8Options"]
+
+MERGES = ("count", "cluster")  # `mosaic_epilogue`: merge_by_last, merge_in_cluster
 
 DENORM_LOG2 = 14  # unpack="denorm": A holds (c s + z) / 2^14; scales < 64 (2-bit key or value ranges < 192)
 
@@ -157,3 +159,94 @@ VARIANTS = {
     "dequant_mask_s16_bal_om_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                            stop_at_length=True, balance=True, opaque_magic=True, shift32=True),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Options:
+  """How `fp8_states` builds its step.
+
+  tile: tokens per pipeline step (64 or 128; a multiple of the value tile). Shared memory per program
+    (compiled for an H200): 128 with 2 stages 76 KB (2 programs per SM), 3 stages 108 KB (2); 64 with 2
+    stages 42 KB (5), 3 stages 58 KB (3).
+  stages: pipeline stages (TMA copies in flight per program; 256 x tile bytes of codes a stage).
+  lag: WGMMA groups left in flight while the next slab is converted (None: all issued, then waited).
+  min_share: each split takes at least this many of the live steps (the splits past them none).
+  manual_barriers: Mosaic GPU's automatic barriers off; the step's commits order its shared buffers
+    (as `mosaic_kivi.Options.manual_barriers`).
+  lazy_sums: l kept as per-thread [TILE, N] sums, reduced once at the end.
+  approx_math: ex2.approx.
+  key_terms: 0, the key slabs converted to fp16 in registers (fp16 q); 2 or 3, the key tile straight from
+    shared memory as an 8-bit WGMMA A operand (no loads, no conversions) against the query split into that
+    many e4m3 terms (`split_e4m3`; one power-of-two scale per (sequence, KV head)), one 8-bit product per
+    term. Relative logit error on random data (codes ~N(0, 40), q ~N(0, 0.13) with outlier channels):
+    2 terms 6.3e-4, 3 terms 2.5e-5; fp16 q 1.9e-4, bf16 1.6e-3 (`benchmarks/split_precision.py`).
+  upcast_layout: the swizzled tiles loaded in Mosaic's 8-bit upcast layout (32-bit loads), converted, then
+    moved to WGMMA's 16-bit A layout (a shuffle a register pair).
+  key_perm: the key tile loaded in WGMMA's 8-bit layout (each thread's four codes of a row in one 32-bit
+    load) and its registers taken as the 16-bit A layout as they are: slab columns in the order `KEY_PERM`
+    (within each 16), which the query's channels are put in before the kernel (a dot product over
+    channels does not depend on their order). Half the key loads, no shuffles.
+  swizzle: the codes TMA-copied as swizzled tiles of whole rows (keys 128 bytes, values `value_tile` bytes;
+    value tiles of 16 tokens stay unswizzled); False: in [8, 16]-byte tiles, each slab whole tiles
+    (session 18's first build: 271 us at B=8 32k on the H200, bound by TMA's 16-byte rows).
+  fused: through `decode_attention`, the query's prep and the split merge inside the kernel
+    (`fp8_attention`, `mosaic_epilogue`) where the splits are at most CLUSTER_MAX and key_terms is 0; else
+    XLA's, around `fp8_states`. Off by default: timed only as the kernel alone so far. Session 21, on an
+    H100 (`decode_parts/mosaic_sass_fp8_s21b_*_h100.json`), B=8 32k, us: 1 split 316.6 against 321.9 without
+    the glue; 2 splits 197.2 / 197.1; 4 splits 200.8 / 200.9; 8 splits 208.3 / 203.4; 128k, 4 splits 758.5 /
+    749.3 (merge "count"). Its native tests and the timing through ops (`benchmarks/runs/session21_c.sh`)
+    are still to run.
+  merge: with fused and splits > 1, how the splits' states meet (`mosaic_MERGES`): "count" (no
+    cluster: each program counts itself in a global counter, the last merges) or "cluster" (the splits of a
+    (b, k) one cluster, merged by its first program after a cluster barrier). The cluster of 4 measured 35%
+    slower at B=8 32k and 128k (272.8 / 998.3 us, 8 splits 223.2 us) on the H100; why, not found.
+  """
+  tile: int = 128
+  stages: int = 2
+  lag: int | None = 1
+  min_share: int = 1
+  manual_barriers: bool = True
+  lazy_sums: bool = True
+  approx_math: bool = True
+  key_terms: int = 0
+  swizzle: bool = True
+  upcast_layout: bool = False
+  key_perm: bool = False
+  fused: bool = False
+  merge: str = "count"
+
+  def __post_init__(self):
+    if self.tile not in (64, 128):
+      raise ValueError(f"tile must be 64 or 128 tokens, got {self.tile}")
+    if not 1 <= self.stages <= 4:
+      raise ValueError(f"stages must be in [1, 4], got {self.stages}")
+    if self.lag is not None and not 0 <= self.lag <= 8:
+      raise ValueError(f"lag must be None or 0..8 WGMMA groups in flight, got {self.lag}")
+    if self.min_share < 1:
+      raise ValueError(f"min_share must be >= 1, got {self.min_share}")
+    if self.key_terms not in (0, 2, 3):
+      raise ValueError(f"key_terms must be 0 (fp16 keys), 2 or 3 (8-bit key products), got {self.key_terms}")
+    if self.merge not in MERGES:
+      raise ValueError(f"merge must be one of {MERGES}, got {self.merge!r}")
+    if self.key_perm and (self.key_terms or not self.swizzle):
+      raise ValueError(f"key_perm converts swizzled fp16 key slabs: it needs swizzle=True and key_terms=0, got "
+                       f"swizzle={self.swizzle}, key_terms={self.key_terms}")
+
+  def __str__(self):  # the fields off their defaults, as `benchmarks/mosaic_sass.py` names builds: fp8+tile=64
+    return "fp8" + "".join(f"+{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                           if getattr(self, f.name) != f.default)
+
+  @classmethod
+  def parse(cls, text: str) -> "Fp8Options":
+    """The inverse of `str`: 'fp8' or 'fp8+field=value+...' (ints, True / False, None)."""
+    base, *edits = text.split("+")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if base != "fp8":
+      raise ValueError(f"an Fp8Options build is 'fp8[+field=value...]', got {text!r}")
+    changes = {}
+    for edit in edits:
+      key, _, val = edit.partition("=")
+      if key not in fields:
+        raise ValueError(f"{key!r} is not an Fp8Options field (one of {sorted(fields)})")
+      changes[key] = {"None": None, "True": True, "False": False}.get(val, int(val) if val.lstrip("-").isdigit() else val)
+    return cls(**changes)
