@@ -396,3 +396,17 @@ def test_precision_on_the_reference_lm(tmp_path):
   assert res["format"] == "fp8_e4m3" and "denorm_scale_bound" not in res
   for build in ("fp8", "fp8+key_terms=3"):
     assert 0 < row[f"{build}_rel_err"] < 1e-3 and row["quantization_rel_err"] > 20 * row[f"{build}_rel_err"]
+
+
+def test_merge_grid_and_scratch():
+  """How a kernel's programs are laid out for each in-kernel merge: the cluster's splits are a cluster axis
+  (its barrier the scratch); the count's are a grid axis (no scratch: its flag is scoped with the merge)."""
+  from pallas_kernels.gpu import mosaic_epilogue as ep
+  assert ep.merge_mesh(2, 8, 4, "cluster") == dict(grid=(2, 8), grid_names=("b", "k"), cluster=(4,),
+                                                   cluster_names=("s",))
+  assert ep.merge_mesh(2, 8, 4, "count") == ep.merge_mesh(2, 8, 4, None) == dict(grid=(2, 8, 4),
+                                                                                 grid_names=("b", "k", "s"))
+  assert ep.merge_scratch("count") == () and len(ep.merge_scratch("cluster")) == 1
+  assert ep.merge_counters("cluster", 2, 8) is None
+  assert set(ep.MERGES) == {"count", "cluster"}
+  assert [ep.cluster_merge_ok(n) for n in (1, 2, 8, 9)] == [False, True, True, False]

@@ -56,8 +56,10 @@ def test_no_header_is_an_error():
 
 
 def test_build_list_and_dump_reading(tmp_path):
-  assert mosaic_sass.parse_builds("a:dequant_mask_s16_bal;b:dequant_mask_s16_bal:window;c:dequant_denorm:merged") == [
-      ("a", "dequant_mask_s16_bal", ""), ("b", "dequant_mask_s16_bal", "window"), ("c", "dequant_denorm", "merged")]
+  assert mosaic_sass.parse_builds("a:dequant_mask_s16_bal;b:dequant_mask_s16_bal:window;c:dequant_denorm:merged;"
+                                  "d:dequant_denorm:merged_cluster") == [
+      ("a", "dequant_mask_s16_bal", ""), ("b", "dequant_mask_s16_bal", "window"), ("c", "dequant_denorm", "merged"),
+      ("d", "dequant_denorm", "merged_cluster")]
   with pytest.raises(ValueError, match="name:variant"):
     mosaic_sass.parse_builds("a:dequant_mask_s16_bal:twice")
   with pytest.raises(ValueError, match="variant must be one of"):
@@ -73,6 +75,11 @@ def test_build_list_and_dump_reading(tmp_path):
   # the FP8 kernel's builds: 'fp8' over `Fp8Options`
   fp8 = mosaic_sass.variant_options("fp8+tile=64+key_terms=3")
   assert isinstance(fp8, mf.Fp8Options) and fp8.tile == 64 and fp8.key_terms == 3 and fp8.stages == 2
+  fused = mosaic_sass.variant_options("fp8+fused=True+merge=cluster")  # strings stay strings; str() round-trips
+  assert fused == mf.Fp8Options(fused=True, merge="cluster") and str(fused) == "fp8+fused=True+merge=cluster"
+  assert mf.Fp8Options().merge == "count" and str(mf.Fp8Options(fused=True)) == "fp8+fused=True"
+  with pytest.raises(ValueError, match="merge must be one of"):
+    mosaic_sass.variant_options("fp8+merge=atomic")
   with pytest.raises(ValueError, match="key_terms must be"):
     mosaic_sass.variant_options("fp8+key_terms=1")
   with pytest.raises(ValueError, match="not a build of --kernel kivi2"):
