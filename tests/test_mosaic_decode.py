@@ -80,8 +80,8 @@ def test_window_in_the_kernel(lengths, appends, t):
     md.decode_attention(q, c, window="triton")
 
 
-@pytest.mark.skipif(INTERPRET, reason="Mosaic GPU's interpreter has no global semaphores (count) and assumes every "
-                    "program of a cluster makes the same scoped allocations, which the window's does not (natively only)")
+@pytest.mark.skipif(INTERPRET, reason="Mosaic GPU's interpreter has no global semaphores (count) and assumes "
+                    "every program of a cluster makes the same scoped allocations, which the window's does not")
 @pytest.mark.parametrize("lengths,appends,t,splits", [
     ((300, 0, 1, 128), 0, 1, 2),   # the window and 2 splits: a cluster of 3; empty, one token, exactly 128
     ((127, 385, 509), 1, 1, 4),    # a cluster of 5; the window straddles a quantized key group

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Session 21 (prepared; the session's device time ran out before it ran): session20_b.sh for the merge
-# without a cluster. The KIVI-2 G=128 kernel's NS + 1 states (the residual window's last) merged inside the
+# Session 21 (prepared; the session's device time ran out before it ran): session 20's KIVI-2 script (never
+# run) for the merge without a cluster. The KIVI-2 G=128 kernel's NS + 1 states (the residual window's last) merged inside the
 # kernel (`mosaic_decode.KERNEL_MERGE`, off until this runs; `ops.decode_attention(pallas_merge=True)` asks
 # for it) as `mosaic_decode.MERGE_BY` says: "count" (the last program of a (b, k) to count itself merges;
 # the FP8 kernel alone on an H100 in session 21: no slower than without the merge) or "cluster" (a cluster

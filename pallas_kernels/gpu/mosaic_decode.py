@@ -58,16 +58,16 @@ DEFAULT_VARIANT = "dequant_denorm_s32_mb"
 # written as two `pl.when`s, it kept the kernel at 141 registers, 3 programs per SM instead of 4.)
 WINDOWS = ("auto", "pallas", "kernel", "xla")
 DEFAULT_WINDOW = "auto"
-# Session 20 (no device lent): with window "kernel", the NS + 1 states merged inside the kernel, the splits of a
-# (b, k) one thread-block cluster (`mosaic_epilogue`), where NS + 1 <= CLUSTER_MAX, and the query read as the
-# caller holds it (`kivi2_states(q_scale=...)`). It removes XLA's q prep and merge
-# (session 17's profiles: 3.0-6.0 us of glue at B=1 / B=8, 1k / 4k, 2 / 4 splits, against kernels of 6-31 us).
-# Interpreted and compiled for an H200 on the CPU; off until `benchmarks/runs/session20_b.sh` has shown it
-# right and faster on the device. Compiled for an H200 on the CPU (B=1 1k, 2 splits + the window,
-# `decode_parts/mosaic_sass_aot_kivi_s20.json`): 128 registers against 121 and 56 KB of shared memory against 50,
-# 4 programs per SM either way, but its tile loop is 762 SASS instructions against 739 (3% more), so it is
-# taken by default (once on) only where all the programs fit one wave (KERNEL_MERGE_MAX_PROGRAMS): short
-# contexts and small batches, where the glue is a large share of the call.
+# Session 20: with window "kernel", the NS + 1 states merged inside the kernel (`mosaic_epilogue`, as
+# MERGE_BY) where NS + 1 <= CLUSTER_MAX, and the query read as the caller holds it
+# (`kivi2_states(q_scale=...)`). It removes XLA's q prep and merge (session 17's profiles: 3.0-6.0 us of glue
+# at B=1 / B=8, 1k / 4k, 2 / 4 splits, against kernels of 6-31 us). Off until `benchmarks/runs/session21_a.sh`
+# has shown it right and faster on the device (natively only: see `kivi2_states`). Compiled for an H200 on the
+# CPU (B=1 1k, 2 splits + the window, `decode_parts/mosaic_sass_aot_kivi_s21.json`): 128 registers against
+# 121 and 56 KB of shared memory against 50, 4 programs per SM either way, but its tile loop is 758 SASS
+# instructions against 739 (3% more), so it is taken by default (once on) only where all the programs fit one
+# wave (KERNEL_MERGE_MAX_PROGRAMS): short contexts and small batches, where the glue is a large share of the
+# call.
 KERNEL_MERGE = False
 KERNEL_MERGE_MAX_PROGRAMS = 4 * 132
 # How (`mosaic_epilogue.MERGES`). Session 21 (H100, the FP8 kernel alone at B=8 32k, 4 splits): a cluster of the

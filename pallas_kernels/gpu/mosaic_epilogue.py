@@ -1,19 +1,23 @@
 """The glue of a Mosaic GPU decode kernel done inside it: the query read as the caller holds it (no XLA
-scale / transpose / pad before the call) and the flash-decoding splits merged over a thread-block cluster
-(no XLA merge after it). Both are for the transposed problem of `mosaic_fp8` / `mosaic_kivi`, whose
-per-program state is o^T [H, 16] in WGMMA's accumulator layout with m, l [16] per query row.
+scale / transpose / pad before the call) and the flash-decoding splits merged in the kernel (no XLA merge
+after it). Both are for the transposed problem of `mosaic_fp8` / `mosaic_kivi`, whose per-program state
+is o^T [H, 16] in WGMMA's accumulator layout with m, l [16] per query row.
 
 Why: at B=8 32k the FP8 kernel alone is 127.0 us of a 138.6 us call; the rest is the XLA q prep (pad,
 convert) and merge (reduce, broadcast) and the launch gaps between them (session 19's profile,
 `benchmarks/NOTES_gpu.md`), and at short contexts the glue is a third of the call.
 
-The merge: the splits of one (sequence, KV head) are one cluster (`cluster=(num_splits,)`, at most
-`CLUSTER_MAX`, the portable cluster size), so they are resident together. Each program stores its state
-to global memory, fences it GPU-wide, arrives at a cluster barrier and waits for the others; the first
-program of the cluster then reads every state back by TMA (`fence.proxy.async.global` between the other
-programs' generic stores and its asynchronous reads), merges them by log-sum-exp and stores the normalized rows, transposed back to
-[rows, H] in the output's dtype, by TMA. The states' global buffers are outputs of the kernel that the
-caller drops.
+The merge (`MERGES`): each program stores its state to global memory and fences it GPU-wide. Then either
+- "count" (`merge_by_last`, the default): one thread adds 1 to a global counter of the (sequence, KV head)
+  (acquire-release, GPU scope; `pl.get_global`, zeroed at every launch); the program that counts last reads
+  every state back by TMA, merges them by log-sum-exp and stores the normalized rows, transposed back to
+  [rows, H] in the output's dtype, by TMA. No co-scheduling: the splits need not be resident together.
+- "cluster" (`merge_in_cluster`): the splits are one cluster (`cluster=(num_splits,)`, at most
+  `CLUSTER_MAX`, the portable size), resident together; each arrives at a cluster barrier and waits, and
+  the first program merges. Session 21 on an H100: clusters of 4 made the FP8 kernel 36% slower at B=8 32k
+  (`benchmarks/NOTES_gpu.md`), the count 0%.
+`fence.proxy.async.global` sits between the generic stores of the states and TMA's reads of them. The
+states' global buffers are outputs of the kernel that the caller drops.
 """
 
 from __future__ import annotations
@@ -204,8 +208,8 @@ def merge_counters(merge_by: str, batch: int, kv_heads: int):
 def merge_states(o, m, l, states, out_ref, sync, counters, *, merge_by: str, num_splits: int, interpret: bool):
   """This program's state into the in-kernel merge of its (b, k) (`merge_in_cluster` or `merge_by_last`):
   states = (st_o, st_m, st_l) (global, [B, K, NS, ...]), out_ref [B, K, rows, H] (global), sync from
-  `merge_scratch` (a list: empty for the count), counters from `merge_counters`; the program's (b, k, s) from the axes "b", "k", "s"
-  (`merge_mesh`)."""
+  `merge_scratch` (a list: empty for the count), counters from `merge_counters`; the program's (b, k, s)
+  from the axes "b", "k", "s" (`merge_mesh`)."""
   bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
   mine = tuple(x.at[bi, ki] for x in states)
   if merge_by == "cluster":
