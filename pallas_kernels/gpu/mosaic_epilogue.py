@@ -51,7 +51,6 @@ def _ptx(text: str, *, warpgroup_sync: bool = False):
 
 
 ACQUIRE = "fence.acq_rel.gpu;\n\tfence.proxy.async.global;"  # generic stores before, TMA reads after
-RELEASE = "fence.acq_rel.gpu;"
 
 
 def publish_global(interpret: bool):
@@ -150,21 +149,27 @@ def merge_in_cluster(o, m, l, states, out_ref, cluster_barrier, *, split, num_sp
   _merge(states, out_ref, lambda flag: split == 0, num_splits=num_splits, interpret=interpret)
 
 
-def _count_arrival(counter, flag):
+def _count_arrival(counter, flag, num_splits: int):
   """One thread of the warpgroup adds 1 to counter (global int32 [1]; acquire-release at GPU scope) and
-  puts the count before its add in flag (shared int32 [1]); then the warpgroup barrier."""
+  puts the count before its add in flag (shared int32 [1]); then the warpgroup barrier. The last of the
+  num_splits (it saw num_splits - 1) sets the counter back to 0: every other program has counted by then, so
+  the counter is zero after every launch whether or not Pallas zeroes it before the next."""
   from jax.experimental.mosaic.gpu import utils  # noqa: PLC0415 (kernel only)
   from jaxlib.mlir import ir  # noqa: PLC0415
-  from jaxlib.mlir.dialects import arith, llvm, memref  # noqa: PLC0415
+  from jaxlib.mlir.dialects import arith, memref  # noqa: PLC0415
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
   def emit(ctx, counter, flag):
     del ctx
     i32 = ir.IntegerType.get_signless(32)
+    ptr = utils.memref_ptr(counter)
     with utils.single_thread(utils.ThreadSubset.WARPGROUP):
-      old = llvm.inline_asm(i32, [utils.memref_ptr(counter)], "atom.add.acq_rel.gpu.global.u32 $0, [$1], 1;",
-                            "=r,l", has_side_effects=True)
+      # the fence again in this thread after publish's barrier (the CTA's stores, cumulatively), then the count
+      old = utils.inline_ptx("fence.acq_rel.gpu;\n\tatom.add.acq_rel.gpu.global.u32 $0, [$1], 1;", ptr,
+                             result_types=i32, has_side_effects=True)
       memref.store(old, flag, [arith.constant(ir.IndexType.get(), 0)])
+      last = arith.cmpi(arith.CmpIPredicate.eq, old, arith.constant(i32, num_splits - 1))
+      utils.inline_ptx("st.relaxed.gpu.global.u32 [$0], 0;", ptr, predicate=last)
     utils.warpgroup_barrier()
   emit(counter, flag)
 
@@ -172,14 +177,15 @@ def _count_arrival(counter, flag):
 def merge_by_last(o, m, l, states, out_ref, counter, *, split, num_splits: int, interpret: bool):
   """As `merge_in_cluster`, without a cluster: each program publishes its state and counts itself in
   counter (global int32 [1], this (b, k)'s, zero at the launch: `pl.get_global`); the program that
-  counts last merges. The splits need not be resident together (no co-scheduling), and any number merge."""
+  counts last merges. The splits need not be resident together (no co-scheduling). The counter is indexed
+  by (b, k) only: a `jax.vmap` of the kernel (a grid axis more) would share it between the mapped calls, so
+  the kernels that use it are not to be vmapped (none is: ops calls them on whole batches)."""
   if interpret:
     raise NotImplementedError("the counted merge is native only (Mosaic GPU's interpreter has no get_global)")
   _publish(o, m, l, states, split, interpret)
-  _ptx(RELEASE)  # the warpgroup's stores (ordered by publish's barrier) before the count, cumulatively
 
   def last(flag):
-    _count_arrival(counter, flag)
+    _count_arrival(counter, flag, num_splits)
     return flag[0] == num_splits - 1
   _merge(states, out_ref, last, num_splits=num_splits, interpret=interpret)
 
