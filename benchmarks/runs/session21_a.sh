@@ -4,7 +4,7 @@
 # kernel (`mosaic_decode.KERNEL_MERGE`, off until this runs; `ops.decode_attention(pallas_merge=True)` asks
 # for it) as `mosaic_decode.MERGE_BY` says: "count" (the last program of a (b, k) to count itself merges;
 # the FP8 kernel alone on an H100 in session 21: no slower than without the merge) or "cluster" (a cluster
-# of 4 made the FP8 kernel 35% slower). Session 17's profiles: 3.0-6.0 us of XLA glue at B=1 / 8, 1k / 4k
+# of 4 made the FP8 kernel 33-36% slower). Session 17's profiles: 3.0-6.0 us of XLA glue at B=1 / 8, 1k / 4k
 # against kernels of 6-31 us; torch SDPA ahead at B=1 1k-4k and B=8 1k. 1. native tests of both merges
 # (natively only: no global semaphores in the interpreter, and a cluster whose programs make different
 # scoped allocations deadlocks it); 2. the kernels alone (mosaic_sass: registers, time); 3. through ops

@@ -72,7 +72,7 @@ KERNEL_MERGE = False
 KERNEL_MERGE_MAX_PROGRAMS = 4 * 132
 # How (`mosaic_epilogue.MERGES`). Session 21 (H100, the FP8 kernel alone at B=8 32k, 4 splits): a cluster of the
 # splits 272.8 us against 200.9 without the merge, the last-to-count merge 200.8 (`decode_parts/
-# mosaic_sass_fp8_s21b_*.json`); so "count".
+# mosaic_sass_fp8_s21b_*_h100.json`); so "count".
 MERGE_BY = "count"
 
 
@@ -201,14 +201,14 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
                 if kernel_merge is None else kernel_merge) and window == "kernel" \
       and epilogue.cluster_merge_ok(num_splits + 1)
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
-                 interpret=interpret, window=window, kernel_merge=MERGE_BY if merge_here else None)
+                 interpret=interpret, window=window, merge_by=MERGE_BY if merge_here else None)
 
 
 # A jit of its own: a model calls this once per layer, and nested jits of one signature are traced and
 # lowered once (Mosaic GPU's lowering takes ~2 s a call on a CPU core: 32 layers unrolled took longer
 # than the 120 s a session-12 throughput row allowed).
-@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window", "kernel_merge"))
-def _decode(q, cache, scale, *, num_splits, variant, interpret, window, kernel_merge=None):
+@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window", "merge_by"))
+def _decode(q, cache, scale, *, num_splits, variant, interpret, window, merge_by=None):
   b, n, t, h = q.shape
   kh = cache.num_kv_heads
   rep = n // kh * t  # query rows per KV head: head-major, then token
@@ -217,10 +217,10 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window, kernel_m
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
   in_kernel = (cache.lengths, cache.k_res, cache.v_res, t) if window == "kernel" else None
   quantized_lengths = jnp.maximum(cache.lengths - cache.fmt.residual, 0)
-  if kernel_merge:  # q as it is, the window's state and the merge in the kernel: the attention itself
+  if merge_by:  # q as it is, the window's state and the merge in the kernel: the attention itself
     out = mk.kivi2_states(q.reshape(b, kh, rep, h), quantized_lengths, kc, ks, kz, vc, vs, vz,
                           num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel,
-                          merged=(rep, q.dtype), q_scale=scale, merge_by=kernel_merge)
+                          merged=(rep, q.dtype), q_scale=scale, merge_by=merge_by)
     return out.reshape(b, n, t, h)
   o_t, m, l = mk.kivi2_states(q_t, quantized_lengths, kc, ks, kz, vc, vs, vz, num_splits=num_splits,
                               variant=variant, interpret=interpret, window=in_kernel)

@@ -107,8 +107,8 @@ def _merge(states, out_ref, merger, *, num_splits: int, interpret: bool):
   h, n = st_o.shape[1:]
 
   def merge(o_smem, ml_smem, out_smem, flag, bar):
-    pl.when(merger(flag))(lambda: _merge_here(states, out_ref, (o_smem, ml_smem.at[0], ml_smem.at[1], out_smem, bar),
-                                              num_splits=num_splits, interpret=interpret))
+    buffers = (o_smem, ml_smem.at[0], ml_smem.at[1], out_smem, bar)
+    pl.when(merger(flag))(lambda: _merge_here(states, out_ref, buffers, num_splits=num_splits, interpret=interpret))
   # m and l one buffer: each scoped buffer takes whole KBs (the KIVI-2 kernel's 4 programs per SM need it)
   pl.run_scoped(merge, plgpu.SMEM((num_splits, h, n), jnp.float32), plgpu.SMEM((2, num_splits, n), jnp.float32),
                 plgpu.SMEM((n, h), out_ref.dtype), plgpu.SMEM((1,), jnp.int32), plgpu.Barrier(num_arrivals=3))

@@ -196,10 +196,11 @@ class Fp8Options:
     the glue; 2 splits 197.2 / 197.1; 4 splits 200.8 / 200.9; 8 splits 208.3 / 203.4; 128k, 4 splits 758.5 /
     749.3 (merge "count"). Its native tests and the timing through ops (`benchmarks/runs/session21_c.sh`)
     are still to run.
-  merge: with fused and splits > 1, how the splits' states meet (`mosaic_MERGES`): "count" (no
+  merge: with fused and splits > 1, how the splits' states meet (`MERGES`): "count" (no
     cluster: each program counts itself in a global counter, the last merges) or "cluster" (the splits of a
-    (b, k) one cluster, merged by its first program after a cluster barrier). The cluster of 4 measured 35%
-    slower at B=8 32k and 128k (272.8 / 998.3 us, 8 splits 223.2 us) on the H100; why, not found.
+    (b, k) one cluster, merged by its first program after a cluster barrier). The cluster of 4 measured 36%
+    slower at B=8 32k and 33% at 128k, the kernel alone (272.8 / 998.3 us; 8 splits 223.2 us, 10%) on the H100;
+    why, not found.
   """
   tile: int = 128
   stages: int = 2
