@@ -74,12 +74,15 @@ VARIANTS = {"fp8_e4m3": TILED + TOKEN_MAJOR + MOSAIC_FP8, "fp8_e5m2": MOSAIC_FP8
 
 def split_layout(opts):
   """(cache relayout, kernel options) of a variant: `value_tile` re-lays the cache's value codes
-  (`kvjax.cache.with_value_tile`); the other entries are `ops.decode_attention` options."""
+  (`kvjax.cache.with_value_tile`), `kivi_layout` its KIVI codes (`kvjax.cache.with_kivi_layout`: "words"
+  sends a KIVI-2 G=32 cache to the Mosaic kernel); the other entries are `ops.decode_attention` options."""
   opts = dict(opts or {})
-  if "value_tile" not in opts:
-    return (lambda c: c), opts
-  tile = opts.pop("value_tile")
-  return (lambda c: cache_lib.with_value_tile(c, tile)), opts
+  tile, kivi = opts.pop("value_tile", None), opts.pop("kivi_layout", None)
+
+  def relayout(c):
+    c = c if tile is None else cache_lib.with_value_tile(c, tile)
+    return c if kivi is None else cache_lib.with_kivi_layout(c, kivi)
+  return relayout, opts
 
 
 def opts_name(f, o):

@@ -26,7 +26,7 @@ each tile's bytes are its ``[H, T]`` transpose, which the GPU decode kernel
 reads faster (adjacent token pairs for p.v). Appends store a token's H codes
 at stride T (`RowWrite.tile`); `materialize` undoes the transpose.
 
-KIVI-2 code layout: with G = H = 128 (R a multiple of 128), the codes may be
+KIVI-2 code layout: with H = 128, G = 128 or 32 (R a multiple of 128), the codes may be
 stored as the Mosaic GPU kernel reads them (``QArray.layout == "words"``;
 `init_cache`'s ``kivi_layout``; `default_kivi_layout` picks "words" on GPU
 where that kernel takes the cache: also R = 128 and no sink tokens): uint16 words ``[B, K, S, 16]`` holding 8 codes each (word j of a
@@ -54,7 +54,7 @@ from flax import struct
 from jax.experimental import checkify
 from jaxtyping import Array, Float, Int
 
-from kvjax import quant
+from kvjax import packing, quant
 from kvjax.formats import FP8Spec, IntSpec, KIVISpec, KVFormat, QuantSpec
 from kvjax.quant import QArray
 from kvjax.rows import (KeyFlush, QuantRows, RowWrite, per_token_writes, flush_rows,  # noqa: F401
@@ -62,7 +62,7 @@ from kvjax.rows import (KeyFlush, QuantRows, RowWrite, per_token_writes, flush_r
 
 __all__ = ["KVCache", "RowWrite", "KeyFlush", "QuantRows", "init_cache", "append", "scatter_writes", "flush_rows", "prefill",
            "materialize", "stack", "unstack", "static_scale_shape", "default_value_tile", "with_value_tile",
-           "default_kivi_layout",
+           "default_kivi_layout", "with_kivi_layout",
            "VALUE_TILE"]
 
 # Tokens per tile of the tiled value layout `init_cache` picks on GPU: the Pallas decode kernel's
@@ -168,6 +168,25 @@ def with_value_tile(cache: "KVCache", tile: int) -> "KVCache":
   return cache.replace(v=v.replace(codes=codes, tile=int(tile)))
 
 
+def with_kivi_layout(cache: "KVCache", layout: str) -> "KVCache":
+  """`cache` with its KIVI codes re-laid out: "" planar or "words" (`QArray.layout`); same tokens, same
+  attention (a pass over the codes). For caches saved in one layout and read by a kernel that wants
+  another."""
+  _check_kivi_layout(cache.fmt, cache.capacity, cache.head_dim, layout)
+  if not layout and not cache.fmt.is_kivi:
+    raise ValueError(f"with_kivi_layout: format {cache.fmt.name!r} is not KIVI")
+
+  def one(q: QArray, block: int) -> QArray:
+    if q.layout == layout:
+      return q
+    codes = quant.unpacked_codes(q)  # [..., S, H]
+    if layout == "words":
+      return q.replace(codes=quant.words_layout(codes, q.spec), layout="words", block=0)
+    axis = -2 if q.spec.axis == "token" else -1
+    return q.replace(codes=packing.pack(codes, q.spec.bits, axis=axis, block=block), layout="", block=block)
+  return cache.replace(k=one(cache.k, cache.fmt.residual), v=one(cache.v, cache.head_dim))
+
+
 def _words_ok(fmt: KVFormat, capacity: int, head_dim: int) -> str | None:
   """None when `fmt`'s KIVI codes can take the "words" layout (`QArray.layout`), else why not."""
   if not fmt.is_kivi:
@@ -180,13 +199,20 @@ def _words_ok(fmt: KVFormat, capacity: int, head_dim: int) -> str | None:
   return None
 
 
+# The KIVI group sizes `default_kivi_layout` gives the "words" layout on GPU, so the Mosaic kernel: G=128, and
+# since session 22 G=32 (`pallas_kernels.gpu.mosaic_groups`; H200, through ops against Triton's planar kernel
+# in the same run: B=8 32k 130.0 against 352.0 us, B=64 32k 914.9 against 2727.6, B=1 32k 32.0 against 63.6;
+# only B=1 at 1k / 4k is slower, 14.0 / 18.7 against 11.8 / 15.1: benchmarks/NOTES_gpu.md).
+WORDS_DEFAULT_GROUPS = (quant.WORDS_TILE, 32)
+
+
 def default_kivi_layout(fmt: KVFormat, capacity: int, head_dim: int, backend: str | None = None) -> str:
   """The KIVI code layout `init_cache` picks: "words" on GPU where the Mosaic KIVI-2 kernel reads it
-  (KIVI-2, G = R = H = 128, no sink tokens; `pallas_kernels.gpu.mosaic_decode`), else "" (planar:
+  (KIVI-2, G in WORDS_DEFAULT_GROUPS, R = H = 128, no sink tokens; `pallas_kernels.gpu.mosaic_decode`), else "" (planar:
   what the Triton and TPU kernels read). `backend`: default `jax.default_backend()`."""
   backend = jax.default_backend() if backend is None else backend
   if (backend == "gpu" and _words_ok(fmt, capacity, head_dim) is None and fmt.residual == quant.WORDS_TILE
-      and not fmt.sink):
+      and not fmt.sink and fmt.key.group_size in WORDS_DEFAULT_GROUPS):
     return "words"
   return ""
 
@@ -230,7 +256,7 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
     value_tile: layout of FP8 / INT8 value codes (see the module docstring): 0 token-major, T > 0
       tiles of T tokens; None: `default_value_tile` (VALUE_TILE on GPU).
     kivi_layout: layout of KIVI codes (`QArray.layout`): "" planar, "words" the Mosaic GPU
-      kernel's uint16 words (KIVI-2, G = R = H = 128); None: `default_kivi_layout` ("words" on GPU
+      kernel's uint16 words (KIVI-2, G = 128 or 32, R a multiple of 128, H = 128); None: `default_kivi_layout` ("words" on GPU
       where the kernel takes the format).
   """
   for name, val in (("batch", batch), ("num_kv_heads", num_kv_heads), ("capacity", capacity),

@@ -44,7 +44,7 @@ class QArray:
       bytes of ``codes[..., i*T:(i+1)*T, :]`` are the ``[H, T]`` transpose of those tokens' codes
       (`tile_tokens`), so a decode kernel's p.v operand has adjacent token pairs. The array shape
       stays ``[..., S, H]``; `unpacked_codes` / `dequantize` undo the transpose.
-    layout: static code layout of KIVI-2 with G = H = 128. "" (planar, `kvjax.packing.pack`) or
+    layout: static code layout of KIVI-2 with H = 128, G = 128 or 32. "" (planar, `kvjax.packing.pack`) or
       "words": uint16 ``[..., S, 16]`` as the Mosaic GPU kernel reads them (`packing.pack_words`:
       8 codes a word, packed across the group axis). Keys (``axis="token"``): row t is token t,
       its 128 channels in 16 words. Values (``axis="channel"``): each 128-token tile stored
@@ -226,7 +226,7 @@ def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None
       required for static FP8 granularities, ignored otherwise.
     block: planar packing block along the packed axis (default: the whole axis).
       The cache packs keys in blocks of R tokens.
-    layout: "" (planar) or "words" (KIVI-2, G = H = 128, S a multiple of 128; `QArray.layout`).
+    layout: "" (planar) or "words" (KIVI-2, G = 128 or 32, H = 128, S a multiple of 128; `QArray.layout`).
 
   Returns:
     A `QArray` whose `dequantize` approximates `x`.
@@ -296,13 +296,14 @@ def untile_tokens(x: Array, tile: int) -> Array:
   return jnp.swapaxes(x.reshape(*lead, s // tile, h, tile), -1, -2).reshape(x.shape)
 
 
-WORDS_TILE = packing.WORD_BLOCK  # tokens per transposed value tile of the "words" layout (= G = H)
+WORDS_TILE = packing.WORD_BLOCK  # tokens per transposed value tile of the "words" layout (= H)
+WORDS_GROUPS = (WORDS_TILE, 32)  # the group sizes it takes (the codes do not depend on G)
 
 
 def words_supported(spec: QuantSpec, head_dim: int, capacity: int) -> str | None:
   """None when `spec` codes of a ``[.., capacity, head_dim]`` array can take the "words" layout, else why."""
-  if not (isinstance(spec, KIVISpec) and spec.bits == 2 and spec.group_size == WORDS_TILE):
-    return f"needs KIVI-2 with group_size {WORDS_TILE}, got {spec}"
+  if not (isinstance(spec, KIVISpec) and spec.bits == 2 and spec.group_size in WORDS_GROUPS):
+    return f"needs KIVI-2 with group_size in {WORDS_GROUPS}, got {spec}"
   if head_dim != WORDS_TILE:
     return f"needs head_dim {WORDS_TILE}, got {head_dim}"
   if capacity % WORDS_TILE:

@@ -41,9 +41,9 @@ def outlier_kv(key, shape, outlier_channels=4, outlier_scale=20.0):
 
 
 def make_case(fmt_name: str, lengths, *, num_kv_heads=2, rep=4, head_dim=128, num_queries=1,
-              capacity=CAPACITY, seed=0, scales=None, value_tile=None):
-  """Returns (q [B, N, T, H], cache) with random contents filled to `lengths` (`value_tile`: the
-  value layout, as `init_cache`; None = the backend's default)."""
+              capacity=CAPACITY, seed=0, scales=None, value_tile=None, kivi_layout=None):
+  """Returns (q [B, N, T, H], cache) with random contents filled to `lengths` (`value_tile`, `kivi_layout`:
+  the code layouts, as `init_cache`; None = the backend's default)."""
   fmt = formats.preset(fmt_name)
   b = len(lengths)
   key = jax.random.PRNGKey(seed)
@@ -55,7 +55,7 @@ def make_case(fmt_name: str, lengths, *, num_kv_heads=2, rep=4, head_dim=128, nu
     scales = tuple(None if sh is None else jax.random.uniform(kk_, sh, minval=0.02, maxval=0.1)
                    for kk_, sh in ((k1, ksh), (k2, vsh)))
   cache = cache_lib.init_cache(fmt, b, num_kv_heads, capacity, head_dim, scales=scales,
-                               value_tile=value_tile)
+                               value_tile=value_tile, kivi_layout=kivi_layout)
   k = outlier_kv(kk, (b, num_kv_heads, capacity, head_dim))
   v = jax.random.normal(kv, (b, num_kv_heads, capacity, head_dim), jnp.float32)
   # Prefill part, then append the rest token by token for some sequences, so
@@ -73,18 +73,20 @@ def make_case(fmt_name: str, lengths, *, num_kv_heads=2, rep=4, head_dim=128, nu
   return q.astype(jnp.bfloat16), cache
 
 
-def kivi2_unpacked_case(lengths, *, num_kv_heads=2, capacity=512, rows=16, seed=0):
-  """Random KIVI-2 G=128 data for `pallas_kernels.gpu.mosaic_kivi` (its inputs before packing):
+def kivi2_unpacked_case(lengths, *, num_kv_heads=2, capacity=512, rows=16, seed=0, group=128):
+  """Random KIVI-2 data for `pallas_kernels.gpu.mosaic_kivi` (its inputs before packing):
   (q_t [B, K, 128, rows] f32, lengths, key codes [B, K, S, 128] uint8, key scale, key zero
-  [B, K, S / 128, 128] fp16, value codes, value scale, value zero [B, K, S] fp16)."""
+  [B, K, S / G, 128] fp16, value codes, value scale, value zero [B, K, S] fp16 (G = group = 128) or
+  [B, K, S, 128 / G])."""
   rng = np.random.default_rng(seed)
   b, kh, s = len(lengths), num_kv_heads, capacity
   codes = lambda: rng.integers(0, 4, (b, kh, s, 128)).astype(np.uint8)
   scale = lambda *shape: rng.uniform(0.05, 0.2, shape).astype(np.float16)
   zero = lambda *shape: rng.normal(0, 0.2, shape).astype(np.float16)
   q_t = (rng.normal(size=(b, kh, 128, rows)) * 0.3).astype(np.float32)
-  case = (q_t, np.asarray(lengths, np.int32), codes(), scale(b, kh, s // 128, 128), zero(b, kh, s // 128, 128),
-          codes(), scale(b, kh, s), zero(b, kh, s))
+  per_token = (b, kh, s) if group == 128 else (b, kh, s, 128 // group)
+  case = (q_t, np.asarray(lengths, np.int32), codes(), scale(b, kh, s // group, 128), zero(b, kh, s // group, 128),
+          codes(), scale(*per_token), zero(*per_token))
   return tuple(map(jnp.asarray, case))
 
 

@@ -262,7 +262,8 @@ KIVI_VARIANTS = [("kivi2", {"join_values": True, "tile_loop": False}),
                          ids=[f + "".join(f"+{k}" for k in o) for f, o in KIVI_VARIANTS])
 def test_kivi_variants_match_reference(fmt_name, opts):
   # lengths: empty, one token (window only), a window just flushed, partial windows, full
-  q, c = test_base.make_case(fmt_name, [0, 1, 127, 130, test_base.CAPACITY], num_queries=3)
+  # planar codes: the Triton kernels these options tune (on GPU "words" KIVI-2 caches go to the Mosaic kernel)
+  q, c = test_base.make_case(fmt_name, [0, 1, 127, 130, test_base.CAPACITY], num_queries=3, kivi_layout="")
   plan = ops.plan_for(c, 3, 12, **opts)
   assert all(getattr(plan, k) == v for k, v in opts.items())
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
@@ -324,12 +325,12 @@ def test_short_contexts_get_fewer_splits(b, ctx, want):
   assert ops.plan_for(c, 1, 4, num_splits=3).num_splits == 3
   if ctx >= 32768 and b >= 8:
     assert want == ops.default_splits(b, 8, ctx // 64, ops.QUANT_TARGET)
-  kv = cache_lib.init_cache(formats.preset("kivi2"), b, 8, ctx, 128)  # KIVI keeps QUANT_TARGET
+  kv = cache_lib.init_cache(formats.preset("kivi2"), b, 8, ctx, 128, kivi_layout="")  # KIVI keeps QUANT_TARGET
   assert ops.plan_for(kv, 1, 4).num_splits == ops.default_splits(b, 8, ctx // 128, ops.QUANT_TARGET)
 
 
 def test_prefetch_needs_the_tile_loop_for_kivi():
-  _, c = test_base.make_case("kivi2", [5])
+  _, c = test_base.make_case("kivi2", [5], kivi_layout="")
   assert ops.plan_for(c, 1, 4, prefetch=2).prefetch == 2
   assert ops.plan_for(c, 1, 4, prefetch=2, tile_loop=False).prefetch == 0
 

@@ -16,8 +16,8 @@ from pallas_kernels import test_base
 from pallas_kernels.gpu import mosaic_decode as md, ops
 
 
-def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0, layout=""):
-  fmt = formats.preset("kivi2_g128")
+def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0, layout="", fmt="kivi2_g128"):
+  fmt = formats.preset(fmt)
   rng = np.random.default_rng(seed)
   b = len(lengths)
   c = kvcache.init_cache(fmt, b, kv_heads, capacity, 128, kivi_layout=layout)
@@ -58,6 +58,44 @@ def test_matches_the_library_reference(lengths, appends, splits, layout, via_ops
 INTERPRET = jax.default_backend() != "gpu"  # natively on a GPU (benchmarks/runs/session15_b.sh)
 
 
+@pytest.mark.parametrize("lengths,appends,t,window,via_ops", [
+    ((300, 0, 1, 128), 0, 1, "kernel", True),  # short windows; empty; one token; exactly 128; through ops
+    ((127, 385, 509), 1, 1, "kernel", False),  # the window straddles a quantized key group of 4 scale groups
+    ((300, 2), 0, 4, "kernel", False),         # 4 query tokens, causal among them
+    ((385, 200, 509), 3, 1, "xla", False),     # the window's keys dequantized in XLA
+])
+def test_g32_cache_matches_the_library_reference(lengths, appends, t, window, via_ops):
+  """KIVI-2 G=32 ("kivi2", a "words" cache): scales per 32-token key group and 32-channel value group
+  (`mosaic_groups`), GROUPED_VARIANT == the library reference; and a G=128 reading of the same codes
+  (its first group's scales for all four) differs, so the test sees the groups."""
+  c = _cache(lengths, appends=appends, layout="words", fmt="kivi2")
+  q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, t, 128)), jnp.bfloat16)
+  if via_ops:
+    out = ops.decode_attention(q, c, num_splits=2, interpret=INTERPRET)
+  else:
+    out = md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, window=window)
+  out = np.asarray(out, np.float32)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
+  visible = np.broadcast_to((np.asarray(c.lengths)[:, None] - t + np.arange(t) >= 0)[:, None, :, None], out.shape)
+  assert test_base.relative_error(out[visible], ref[visible]) < 5e-3  # bf16 output
+  np.testing.assert_array_equal(out[~visible], 0.0)
+  coarse = c.replace(k=c.k.replace(scale=jnp.repeat(c.k.scale[:, :, ::4], 4, axis=2)))
+  wrong = np.asarray(attention.decode_attention(q.astype(jnp.float32), coarse))
+  assert test_base.relative_error(wrong[visible], ref[visible]) > 2e-2
+
+
+def test_g32_refuses_what_it_cannot_do():
+  c = _cache((300,), layout="words", fmt="kivi2")
+  q = jnp.zeros((1, 4, 1, 128), jnp.bfloat16)
+  with pytest.raises(ValueError, match="window 'pallas'"):
+    md.decode_attention(q, c, window="pallas", interpret=True)
+  assert "KIVI-2" in md.supports(_cache((3,), fmt="kivi4"))
+  assert "group sizes must be equal and in (128, 32)" in md.supports(
+      kvcache.init_cache(formats.kivi(2, 64, 128), 1, 1, 256, 128))
+  with pytest.raises(ValueError, match="needs a dequant_in_a variant"):
+    md.decode_attention(q, c, variant="folded_lazy", window="xla", interpret=True)
+
+
 @pytest.mark.parametrize("lengths,appends,t", [
     ((300, 0, 1, 128), 0, 1),  # a window of fewer than 128 tokens; empty; one token; exactly 128
     ((127, 385, 509), 1, 1),   # the window straddles a quantized key group (slots from both sources)
@@ -87,13 +125,13 @@ def test_window_in_the_kernel(lengths, appends, t):
     ((127, 385, 509), 1, 1, 4),    # a cluster of 5; the window straddles a quantized key group
     ((300, 2), 0, 4, 1),           # 4 query tokens: 16 rows; a cluster of 2
 ])
-@pytest.mark.parametrize("merge_by", ["count", "cluster"])
-def test_merge_in_the_kernel(lengths, appends, t, splits, merge_by, monkeypatch):
+@pytest.mark.parametrize("merge_by,fmt", [("count", "kivi2_g128"), ("cluster", "kivi2_g128"), ("count", "kivi2")])
+def test_merge_in_the_kernel(lengths, appends, t, splits, merge_by, fmt, monkeypatch):
   """kernel_merge=True: the NS + 1 states (the window's last) merged inside the kernel (by the last program of
   each (b, k) to count itself, or the first of its cluster), the rows stored in q's dtype: == the XLA merge of
   the same kernel's states, and == the library reference (natively: `benchmarks/runs/session21_a.sh`)."""
   monkeypatch.setattr(md, "MERGE_BY", merge_by)
-  c = _cache(lengths, capacity=1024, appends=appends, layout="words")
+  c = _cache(lengths, capacity=1024, appends=appends, layout="words", fmt=fmt)
   q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, t, 128)), jnp.bfloat16)
   run = lambda merge: np.asarray(md.decode_attention(q, c, num_splits=splits, interpret=INTERPRET, window="kernel",
                                                      kernel_merge=merge), np.float32)
@@ -155,8 +193,9 @@ def test_refuses_what_it_does_not_take():
     md.decode_attention(q, c, interpret=True)
   with pytest.raises(ValueError, match=r"got \(1, 4, 128\)"):
     md.decode_attention(q[:, :, 0], c, interpret=True)
-  other = kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, 128)
-  assert "group sizes and residual must be 128" in md.supports(other)
+  other = kvcache.init_cache(formats.kivi(2, 128, 256), 1, 1, 512, 128)
+  assert "the residual 128, got 128, 128, 256" in md.supports(other)
+  assert md.supports(kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, 128)) is None  # G=32, repacked
   with pytest.raises(ValueError, match="cache: format .* is not KIVI"):
     md.decode_attention(jnp.zeros((1, 4, 1, 128)), kvcache.init_cache(formats.preset("int8"), 1, 1, 256, 128))
 

@@ -126,8 +126,8 @@ def test_ops_glue_in_the_kernel_or_in_xla(monkeypatch):
   mf._decode.clear_cache()
   splits_run = (1,) if INTERPRET else (1, 4)  # clusters natively only (test_glue_in_the_kernel_matches_the_reference)
   for splits in splits_run:
-    ref = ops.decode_attention(q, c, interpret=True, mosaic_fp8=True, num_splits=splits)
-    out = ops.decode_attention(q, c, interpret=True, mosaic_fp8=mf.Fp8Options(fused=True), num_splits=splits)
+    ref = ops.decode_attention(q, c, interpret=INTERPRET, mosaic_fp8=True, num_splits=splits)
+    out = ops.decode_attention(q, c, interpret=INTERPRET, mosaic_fp8=mf.Fp8Options(fused=True), num_splits=splits)
     assert test_base.relative_error(np.asarray(out, np.float32), np.asarray(ref, np.float32)) < 4e-3
   assert seen == list(splits_run)
 

@@ -89,3 +89,19 @@ def test_mosaic_fp8_flag_reaches_the_rows(tmp_path, monkeypatch):
   assert rc == 0 and ops.MOSAIC_FP8
   (row,) = json.loads(out.read_text())["rows"]
   assert row["mosaic_fp8"] is True and "error" not in row
+
+
+def test_kivi_words_g32_flag_reaches_the_rows(tmp_path, monkeypatch):
+  """--kivi-words-g32: each row's process gives KIVI-2 G=32 caches the "words" layout on GPU
+  (`kvjax.cache.WORDS_DEFAULT_GROUPS`, so the Mosaic kernel) and the row says so; bf16 rows do not."""
+  from kvjax import cache as kvcache
+  monkeypatch.setattr(kvcache, "WORDS_DEFAULT_GROUPS", (128,))  # restored after the test
+  out = tmp_path / "tp.json"
+  rc = throughput.main(["--models", "tiny", "--formats", "kivi2,bf16", "--contexts", "256", "--kivi-words-g32",
+                        "--budget-gib", str(BUDGET_GIB), "--steps", "64", "--warm-steps", "4", "--skip-b1",
+                        "--reps", "1", "--prefill", "32", "--target-s", "0.01", "--in-process", "--out", str(out)])
+  assert rc == 0 and kvcache.WORDS_DEFAULT_GROUPS == (128, 32)
+  assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 128, backend="gpu") == "words"
+  rows = {r["format"]: r for r in json.loads(out.read_text())["rows"]}
+  assert rows["kivi2"]["kivi_words_g32"] is True and "error" not in rows["kivi2"]
+  assert "kivi_words_g32" not in rows["bf16"]

@@ -36,10 +36,11 @@ def test_pack_words_rejects_partial_blocks():
     packing.unpack_words(jnp.zeros((2, 10), jnp.uint16))
 
 
+@pytest.mark.parametrize("group", [128, 32])
 @pytest.mark.parametrize("axis", ["token", "channel"])
-def test_quantize_words_dequantizes_as_planar(axis):
+def test_quantize_words_dequantizes_as_planar(axis, group):
   x = jax.random.normal(jax.random.key(1), (2, 3, 256, H)) * 3
-  spec = KIVISpec(bits=2, group_size=128, axis=axis)
+  spec = KIVISpec(bits=2, group_size=group, axis=axis)
   planar, words = quant.quantize(x, spec), quant.quantize(x, spec, layout="words")
   assert words.codes.shape == (2, 3, 256, 16) and words.shape == x.shape and words.layout == "words"
   np.testing.assert_array_equal(np.asarray(quant.unpacked_codes(words)), np.asarray(quant.unpacked_codes(planar)))
@@ -48,8 +49,10 @@ def test_quantize_words_dequantizes_as_planar(axis):
 
 def test_quantize_words_rejects_formats_it_cannot_hold():
   x = jnp.ones((1, 256, H))
-  with pytest.raises(ValueError, match="group_size 128"):
-    quant.quantize(x, KIVISpec(bits=2, group_size=32), layout="words")
+  with pytest.raises(ValueError, match=r"group_size in \(128, 32\)"):
+    quant.quantize(x, KIVISpec(bits=2, group_size=64), layout="words")
+  with pytest.raises(ValueError, match=r"group_size in \(128, 32\)"):
+    quant.quantize(x, KIVISpec(bits=4, group_size=32), layout="words")
   with pytest.raises(ValueError, match="head_dim 128, got 64"):
     quant.quantize(jnp.ones((1, 256, 64)), KIVISpec(bits=2, group_size=128), layout="words")
   with pytest.raises(ValueError, match="layout must be '' or 'words'"):
@@ -58,8 +61,8 @@ def test_quantize_words_rejects_formats_it_cannot_hold():
     quant.quantize(x, formats.preset("int8").key, layout="words")
 
 
-def _pair(b, s, kv_heads=2, stale=True):
-  fmt = formats.preset("kivi2_g128")
+def _pair(b, s, kv_heads=2, stale=True, fmt="kivi2_g128"):
+  fmt = formats.preset(fmt)
   planar = kvcache.init_cache(fmt, b, kv_heads, s, H, kivi_layout="")
   words = kvcache.init_cache(fmt, b, kv_heads, s, H, kivi_layout="words")
   if stale:  # a reused buffer: appends must replace the bits they own, not OR into them
@@ -76,9 +79,10 @@ def _same_tokens(a, b):
     np.testing.assert_array_equal(np.asarray(va[i, :, :n]), np.asarray(vb[i, :, :n]))
 
 
-def test_cache_in_words_layout_holds_the_same_tokens():
+@pytest.mark.parametrize("fmt", ["kivi2_g128", "kivi2"])
+def test_cache_in_words_layout_holds_the_same_tokens(fmt):
   rng = np.random.default_rng(0)
-  planar, words = _pair(3, 512)
+  planar, words = _pair(3, 512, fmt=fmt)
   assert words.k.codes.shape == (3, 2, 512, 16) and words.capacity == 512 and words.head_dim == H
   # prefill (ragged, one empty), a chunk crossing tile and group boundaries, decode steps, a long append
   for t, num in ((200, [200, 3, 0]), (1, None), (140, [40, 17, 128]), (1, None), (1, None), (130, [10, 130, 64])):
@@ -89,8 +93,9 @@ def test_cache_in_words_layout_holds_the_same_tokens():
   assert np.asarray(words.lengths).tolist() == [253, 153, 195]
 
 
-def test_jitted_stacked_append_in_words_layout():
-  fmt = formats.preset("kivi2_g128")
+@pytest.mark.parametrize("fmt", ["kivi2_g128", "kivi2"])
+def test_jitted_stacked_append_in_words_layout(fmt):
+  fmt = formats.preset(fmt)
   rng = np.random.default_rng(1)
   kw = dict(num_layers=2)
   planar = kvcache.init_cache(fmt, 2, 1, 256, H, kivi_layout="", **kw)
@@ -113,7 +118,9 @@ def test_default_layout_per_backend_and_format():
   assert kvcache.default_kivi_layout(f, 1024, 128, backend="gpu") == "words"
   assert kvcache.default_kivi_layout(f, 1024, 128, backend="cpu") == ""
   assert kvcache.default_kivi_layout(f, 1024, 256, backend="gpu") == ""  # Gemma's head_dim
-  assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 128, backend="gpu") == ""  # G=32
+  assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 128, backend="gpu") == "words"  # G=32
+  assert kvcache.default_kivi_layout(formats.preset("kivi4"), 1024, 128, backend="gpu") == ""
+  assert kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, H, kivi_layout="words").k.layout == "words"
   assert kvcache.default_kivi_layout(formats.preset("fp8_e4m3"), 1024, 128, backend="gpu") == ""
   assert kvcache.init_cache(f, 1, 1, 256, 128).k.layout == ("words" if jax.default_backend() == "gpu" else "")
 
@@ -121,8 +128,8 @@ def test_default_layout_per_backend_and_format():
 def test_init_cache_rejects_bad_layouts():
   with pytest.raises(ValueError, match="kivi_layout must be '' \\(planar\\) or 'words', got 'tiles'"):
     kvcache.init_cache(formats.preset("kivi2_g128"), 1, 1, 256, H, kivi_layout="tiles")
-  with pytest.raises(ValueError, match="kivi_layout='words' keys: needs KIVI-2 with group_size 128"):
-    kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, H, kivi_layout="words")
+  with pytest.raises(ValueError, match=r"kivi_layout='words' keys: needs KIVI-2 with group_size in \(128, 32\)"):
+    kvcache.init_cache(formats.preset("kivi4"), 1, 1, 256, H, kivi_layout="words")
   with pytest.raises(ValueError, match="kivi_layout='words' format 'int8' is not KIVI"):
     kvcache.init_cache(formats.preset("int8"), 1, 1, 256, H, kivi_layout="words")
   with pytest.raises(ValueError, match="head_dim 128, got 256"):
@@ -176,3 +183,25 @@ def test_module_decodes_a_words_cache_through_the_mosaic_kernel(monkeypatch):
   # "pallas_gpu" alone (no fallback): a decline would raise, so the kernel served this step
   (_, got), (_, want) = [attn(x[:, 139:], None, cache, implementation=impl) for impl in ("pallas_gpu", "xla")]
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("fmt", ["kivi2_g128", "kivi2"])
+def test_with_kivi_layout_round_trips(fmt):
+  """`cache.with_kivi_layout`: planar -> "words" holds the same tokens as a cache filled in "words", and
+  back gives the planar codes bit for bit; non-KIVI formats and layouts it cannot hold are refused."""
+  rng = np.random.default_rng(3)
+  planar, words = _pair(2, 256, stale=False, fmt=fmt)
+  kv = [jnp.asarray(rng.standard_normal((2, 2, 150, H)), jnp.float32) for _ in range(2)]
+  planar, words = kvcache.append(planar, *kv, jnp.asarray([150, 33])), kvcache.append(words, *kv, jnp.asarray([150, 33]))
+  relaid = kvcache.with_kivi_layout(planar, "words")
+  assert relaid.k.layout == relaid.v.layout == "words"
+  for a, b in zip(jax.tree_util.tree_leaves(relaid), jax.tree_util.tree_leaves(words), strict=True):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+  back = kvcache.with_kivi_layout(relaid, "")
+  for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(planar), strict=True):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+  assert kvcache.with_kivi_layout(words, "words") is not None
+  with pytest.raises(ValueError, match="kivi_layout='words' format 'int8' is not KIVI"):
+    kvcache.with_kivi_layout(kvcache.init_cache(formats.preset("int8"), 1, 1, 256, H), "words")
+  with pytest.raises(ValueError, match="group_size in"):
+    kvcache.with_kivi_layout(kvcache.init_cache(formats.preset("kivi4"), 1, 1, 256, H), "words")

@@ -1,7 +1,8 @@
-"""KIVI-2 (G=128) decode attention over a `kvjax` cache through the Mosaic GPU kernel
+"""KIVI-2 (G=128 or 32) decode attention over a `kvjax` cache through the Mosaic GPU kernel
 (`mosaic_kivi.kivi2_states`): the semantics of `kvjax.attention.decode_attention`, residual window
 included. `ops.decode_attention` dispatches here for caches in the "words" layout
-(`QArray.layout`, `kvjax.cache.default_kivi_layout`: the GPU default for KIVI-2 G = R = H = 128),
+(`QArray.layout`, `kvjax.cache.default_kivi_layout`: the GPU default for KIVI-2 G = R = H = 128; G=32
+caches take it when made with `init_cache(kivi_layout="words")`),
 whose codes the kernel reads as stored. A cache in the planar layout (`kvjax.packing`) is converted
 by `repack` first: a pass over the whole cache per call, for tests and planar caches only.
 
@@ -25,7 +26,7 @@ from kvjax import quant
 from kvjax.formats import KIVISpec
 from pallas_kernels.gpu import decode, mosaic_epilogue as epilogue, mosaic_kivi as mk, window_merge
 
-__all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT",
+__all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT", "GROUPED_VARIANT", "GROUPS",
            "WINDOWS", "DEFAULT_WINDOW", "auto_window"]
 
 # Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
@@ -49,6 +50,13 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # `default_splits` does with the capacity, for a short sequence in a long cache: interpreted and lowered,
 # not yet run on the device; benchmarks/runs/session17_e.sh is its first call.)
 DEFAULT_VARIANT = "dequant_denorm_s32_mb"
+# G=32 (session 22, `mosaic_groups`: each M-block's group scales loaded per thread, regrouped once a tile):
+# compiled for an H200 on the CPU at B=8 32k (`decode_parts/mosaic_sass_aot_g32_s22.json`), the tile loop is 839
+# SASS instructions against G=128's 768; lag 0 keeps it at 124 registers (4 programs per SM), lag 1 at 130 (3).
+# H200, the kernel alone at B=8 32k (`decode_parts/session22/mosaic_sass_g*.json`): lag 0 124.5 us, lag 1 165.3,
+# G=128's default 105.6; through ops 130.0 against torch SDPA's 238.9 (Triton's G=32 kernel: 352.0).
+GROUPED_VARIANT = "dequant_denorm_s32_mb_lag0"
+GROUPS = (mk.TILE, 32)  # the group sizes the kernel takes
 # Where the residual window's state is made (`decode_attention`'s window). "auto": the window as one more
 # program of the Mosaic kernel wherever the kernel can take it (a `dequant_in_a` variant, 16-bit residual
 # rings), else `window_merge`'s Pallas kernel. Session 16 (H200, same run as torch SDPA,
@@ -68,6 +76,9 @@ DEFAULT_WINDOW = "auto"
 # instructions against 739 (3% more), so it is taken by default (once on) only where all the programs fit one
 # wave (KERNEL_MERGE_MAX_PROGRAMS): short contexts and small batches, where the glue is a large share of the
 # call.
+# Session 22 (H200): every native test of the KIVI merge failed (count and cluster, G=128 and 32; the first
+# single case hung past 60 s), so it stays off; `benchmarks/runs/session22_kivi_merge_diag.py` splits the
+# query read from the merge for the next device call.
 KERNEL_MERGE = False
 KERNEL_MERGE_MAX_PROGRAMS = 4 * 132
 # How (`mosaic_epilogue.MERGES`). Session 21 (H100, the FP8 kernel alone at B=8 32k, 4 splits): a cluster of the
@@ -113,8 +124,9 @@ def supports(cache) -> str | None:
   k, v = fmt.key, fmt.value
   if not (isinstance(k, KIVISpec) and isinstance(v, KIVISpec) and k.bits == v.bits == 2):
     return "keys and values must both be KIVI-2"
-  if k.group_size != mk.TILE or v.group_size != mk.TILE or fmt.residual != mk.TILE:
-    return f"group sizes and residual must be {mk.TILE}, got {k.group_size}, {v.group_size}, {fmt.residual}"
+  if k.group_size != v.group_size or k.group_size not in GROUPS or fmt.residual != mk.TILE:
+    return (f"group sizes must be equal and in {GROUPS}, the residual {mk.TILE}, got {k.group_size}, {v.group_size}, "
+            f"{fmt.residual}")
   if cache.head_dim != 128:
     return f"head_dim must be 128, got {cache.head_dim}"
   if fmt.sink:
@@ -133,14 +145,15 @@ def repack(cache):
   else:
     kc = mk.pack_keys(quant.unpacked_codes(cache.k))
     vc = mk.pack_values(quant.unpacked_codes(cache.v))
-  return kc, cache.k.scale, cache.k.zero, vc, cache.v.scale[..., 0], cache.v.zero[..., 0]
+  per_token = (lambda x: x[..., 0]) if cache.fmt.value.group_size == mk.TILE else (lambda x: x)  # [B, K, S(, H / G)]
+  return kc, cache.k.scale, cache.k.zero, vc, per_token(cache.v.scale), per_token(cache.v.zero)
 
 
 def _window_keys(kc, ks, kz, tok):
   """Dequantized keys [B, K, R, H] at token indices tok [B, R] from the kernel's key layout."""
   words = jnp.take_along_axis(kc, tok[:, None, :, None], axis=2)  # [B, K, R, 16]
   codes = mk.unpack_keys(words)
-  g = (tok // mk.TILE)[:, None, :, None]
+  g = (tok // (kc.shape[2] // ks.shape[2]))[:, None, :, None]  # the token's key group
   s = jnp.take_along_axis(ks, g, axis=2).astype(jnp.float32)
   z = jnp.take_along_axis(kz, g, axis=2).astype(jnp.float32)
   return codes.astype(jnp.float32) * s + z
@@ -171,10 +184,12 @@ def window_states(q, cache, kc, ks, kz, num_queries: int = 1):
 
 
 def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
-                     variant: str | mk.Options = DEFAULT_VARIANT, interpret: bool = False,
+                     variant: str | mk.Options | None = None, interpret: bool = False,
                      window: str = DEFAULT_WINDOW, kernel_merge: bool | None = None):
-  """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 cache: T query tokens at positions
+  """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 or 32 cache: T query tokens at positions
   L - T + t (the last T cached; causal among them), N / K x T <= 16 rows per KV head.
+  variant: the kernel's build (`mosaic_kivi.VARIANTS` or an `Options`); None: DEFAULT_VARIANT (G=128) or
+  GROUPED_VARIANT (G=32).
   num_splits: None picks `default_splits`. window (`WINDOWS`), where the residual window's state is
   computed and the states merged: "auto" (`auto_window`: "kernel" where it can), "pallas", the window and the merge in one Pallas kernel
   (`window_merge`); "kernel", the window as one more program of the Mosaic kernel, merged in XLA
@@ -191,11 +206,16 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
     raise ValueError(f"q must be [B, N, T, {cache.head_dim}] with N a multiple of the {kh} KV heads and "
                      f"N / {kh} x T <= {mk.ROWS} query rows per KV head, got {q.shape}")
   b, n, t, h = q.shape
+  grouped = cache.fmt.key.group_size != mk.TILE
+  if variant is None:
+    variant = GROUPED_VARIANT if grouped else DEFAULT_VARIANT
   opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
   if num_splits is None:
     num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
   if window == "auto":
     window = auto_window(variant, cache.k_res.dtype, cache.v_res.dtype)
+  if grouped and window == "pallas":
+    raise ValueError("window 'pallas' (window_merge) reads G=128 key scales; a G=32 cache takes 'kernel' or 'xla'")
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
   merge_here = (KERNEL_MERGE and b * kh * (num_splits + 1) <= KERNEL_MERGE_MAX_PROGRAMS
                 if kernel_merge is None else kernel_merge) and window == "kernel" \

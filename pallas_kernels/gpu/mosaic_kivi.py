@@ -27,7 +27,8 @@ Layouts (`pack_keys`, `pack_values`):
     tokens j + 16 m at bits 2m (the tile transposed, as the FP8 / INT8 tiled value layout);
   * key scale / zero [B, K, S / 128, H] per channel and 128-token group; value scale / zero [B, K, S]
     per token (G = H = 128).
-`reference_states` is the jnp reference (same split states as `decode.combine` takes, transposed).
+`reference_states` (in `mosaic_kivi_ref`, with the packing) is the jnp reference (same split states as
+`decode.combine` takes, transposed).
 """
 
 from __future__ import annotations
@@ -40,46 +41,26 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kvjax import packing
-from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_planes as planes
+from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_planes as planes
 from pallas_kernels.gpu.mosaic_common import balanced_range, wgmma_sum
+from pallas_kernels.gpu.mosaic_kivi_ref import NEG, TILE, pack_keys, pack_values, reference_states, unpack_keys
 from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 
 __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
 
-TILE = 128    # tokens per pipeline step = the key group
-ROWS = 16     # query rows (N of WGMMA), padded
+ROWS = 16     # query rows (N of WGMMA), padded; TILE (128) tokens a pipeline step
 PLANES = 8    # 2-bit codes per uint16 word
-NEG = -1e30
-
-
-def pack_keys(codes):
-  """Key codes [B, K, S, H=128] (0..3) -> [B, K, S, 16] uint16 (word j: channels j + 16 m):
-  `kvjax.packing.pack_words`, the cache's "words" key layout."""
-  return packing.pack_words(codes)
-
-
-def unpack_keys(words):
-  """Inverse of `pack_keys`: [..., 16] uint16 -> codes [..., 128] uint8 (channel 16 m + j from word j)."""
-  return packing.unpack_words(words)
-
-
-def pack_values(codes):
-  """Value codes [B, K, S, H] (0..3) -> [B, K, S / 128, H, 16] uint16 (word j: tile tokens j + 16 m):
-  the cache's "words" value layout (`kvjax.quant.words_layout`) viewed per tile."""
-  b, k, s, h = codes.shape
-  tiles = codes.reshape(b, k, s // TILE, TILE, h).swapaxes(-1, -2)  # [.., tile, H, 128 tokens]
-  return packing.pack_words(tiles)
 
 
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
                  stages: int = 2, variant: str | Options = "folded_lazy", profile_dir: str = "",
                  profile_space: int = 0, window=None, merged=None, q_scale=None, merge_by: str = "count"):
-  """Per-split flash-decoding states of KIVI-2 (G=128) attention.
+  """Per-split flash-decoding states of KIVI-2 (G=128 or 32) attention.
 
   q_t [B, K, H, 16] f32 (queries transposed, scaled by softmax scale x log2 e, rows padded to 16);
-  lengths [B] int32; kc [B, K, S, 16] uint16, ks / kz [B, K, S/128, H]; vc [B, K, S/128, H, 16] uint16,
-  vs / vz [B, K, S] (scales and zeros fp16 or bf16). Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16])
+  lengths [B] int32; kc [B, K, S, 16] uint16, ks / kz [B, K, S/G, H]; vc [B, K, S/128, H, 16] uint16,
+  vs / vz [B, K, S] (G=128) or [B, K, S, H/G] (G=32; scales and zeros fp16 or bf16). G (the group, 128 or
+  32: `mosaic_groups`, which needs a `dequant_in_a` variant) is read from the shape of ks. Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16])
   in f32, m and l in the log2 domain; tokens >= lengths[b] are masked.
 
   variant: a name in VARIANTS or an `Options`. profile_dir / profile_space: Mosaic GPU's in-kernel
@@ -115,8 +96,13 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if num_splits < 1 or s % (TILE * whole * opt.tiles_per_step):
     raise ValueError(f"the capacity {s} must be a multiple of {TILE} x tiles_per_step ({opt.tiles_per_step})"
                      + ("" if opt.balance else f" x num_splits ({num_splits})") + f", num_splits >= 1")
-  expect = {"kc": (b, kh, s, 16), "ks": (b, kh, s // TILE, h), "kz": (b, kh, s // TILE, h),
-            "vc": (b, kh, s // TILE, h, 16), "vs": (b, kh, s), "vz": (b, kh, s)}
+  group = groups.GROUP if ks.ndim == 4 and ks.shape[2] == s // groups.GROUP else TILE
+  grouped = group != TILE
+  if grouped and not opt.dequant_in_a:
+    raise ValueError(f"G={group} (ks {ks.shape}) needs a dequant_in_a variant, got {variant!r}")
+  per_token = (b, kh, s) + ((h // group,) if grouped else ())
+  expect = {"kc": (b, kh, s, 16), "ks": (b, kh, s // group, h), "kz": (b, kh, s // group, h),
+            "vc": (b, kh, s // TILE, h, 16), "vs": per_token, "vz": per_token}
   for name, arr in zip(expect, (kc, ks, kz, vc, vs, vz)):
     if arr.shape != expect[name]:
       raise ValueError(f"{name} must be {expect[name]}, got {arr.shape}")
@@ -139,15 +125,22 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if merge_by not in epilogue.MERGES:
     raise ValueError(f"merge_by must be one of {epilogue.MERGES}, got {merge_by!r}")
   per = s // TILE // num_splits
+  # a tile's scale entries: G=128 [128] (keys: per channel, values: per token); G=32 [4, 128] (TMA's boxes
+  # take at most 256 a dimension: `mosaic_groups`)
+  sblock = (lambda nt_, n_: (nt_ * groups.GROUPS, 128)) if grouped else (lambda nt_, n_: (nt_ * n_,))
   swz = plgpu.find_swizzle(ROWS * 16, "rhs")
   b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
   code_tiles = (plgpu.TilingTransform((8, 16)), plgpu.SwizzleTransform(32))  # [rows, 16] uint16
 
   mma = functools.partial(wgmma_sum, lag=opt.lag, interpret=interpret)
 
-  def col(ref, m, rows, factor=None):
+  def col(ref, m, rows, factor=None, glayout="rows"):
     """ref[16 m: 16 m + 16] (one value per k column of plane m) as fp16 (times `factor`), broadcast over
-    `rows` rows."""
+    `rows` rows; grouped (G=32): the tile's entries for (row // 32, column), ref in `mosaic_groups`'
+    layout glayout."""
+    if grouped:
+      v = groups.group_fragment(ref, m, layout=glayout, interpret=interpret)
+      return v if factor is None else v * factor
     v = ref[pl.ds(16 * m, 16)].astype(jnp.float16)
     return jnp.broadcast_to((v if factor is None else v * factor)[None, :], (rows, 16))
 
@@ -155,7 +148,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     """l rescaled and grown by this step's p: per-thread [TILE, N] sums (`lazy_sums`) or per column."""
     return l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
 
-  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None, magic=None, prescaled=False):
+  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None, magic=None, prescaled=False, glayout="rows"):
     """(A builder, B slab) per plane; plane m is code (* scale_ref[16 m: 16 m + 16]) (+ add_ref[16 m:
     16 m + 16]), those [16] vectors per k column, broadcast over the rows. unpack="denorm": the planes
     are subnormals, the scales and zeros carry the factors (`denorm_factors`), already there when
@@ -167,12 +160,12 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     def a(m):
       rows = words.shape[0]
       if opt.unpack == "denorm":
-        f = lambda ref, e: col(ref, m, rows, None if prescaled else jnp.float16(2.0 ** e))
+        f = lambda ref, e: col(ref, m, rows, None if prescaled else jnp.float16(2.0 ** e), glayout)
         return planes.plane_denorm(words, hi, m) * f(scale_ref, planes.denorm_scale_log2(m)) + f(add_ref, -DENORM_LOG2)
       x = planes.plane_masked(words, hi, m, magic) if opt.unpack == "mask" else planes.plane(words, m, opt.exact)
       if scale_ref is not None:
-        x = x * col(scale_ref, m, rows)
-      return x if add_ref is None else x + col(add_ref, m, rows)
+        x = x * col(scale_ref, m, rows, glayout=glayout)
+      return x if add_ref is None else x + col(add_ref, m, rows, glayout=glayout)
     return [(functools.partial(a, m), b_ref.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
 
   denorm = opt.unpack == "denorm"
@@ -208,7 +201,22 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     times their factors). first: the split's first step (in steps of `tiles_per_step` tiles)."""
     nt = opt.tiles_per_step
     rows = lambda ref, j, size: ref.at[pl.ds(size * j, size)]
-    factors = denorm_factors(nt * TILE) if denorm else (None, None)
+    scales = lambda ref, j, size: ref.at[pl.ds(groups.GROUPS * j, groups.GROUPS)] if grouped else rows(ref, j, size)
+    if grouped:  # per-plane factors for `mosaic_groups.regroup`
+      factors = ((tuple(2.0 ** planes.denorm_scale_log2(m) for m in range(PLANES)), (2.0 ** -DENORM_LOG2,) * PLANES)
+                 if denorm else (None, None))
+    else:
+      factors = denorm_factors(nt * TILE) if denorm else (None, None)
+    # grouped: the scales regrouped ("packed") when converted once, else as the cache holds them
+    k_layout, v_layout = ("packed", "packed") if once else ("rows", "tokens")
+
+    def to_fp16(srcs, dsts, size, layout):  # `once`: the scales (and zeros) in fp16, with their factors
+      for src, dst, f in zip(srcs, dsts, factors):
+        if grouped:
+          for j in range(nt):
+            groups.regroup(scales(src, j, size), scales(dst, j, size), f, layout=layout, interpret=interpret)
+        else:
+          dst[...] = convert(src, f)
 
     def convert(src, f):
       x = src[...]
@@ -218,22 +226,20 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       o, m_prev, l_prev, cv = carry
       if once:
         with jax.named_scope("kprep"):
-          for src, dst, f in zip((ks_s, kz_s), s16[:2], factors):
-            dst[...] = convert(src, f)
+          to_fp16((ks_s, kz_s), s16[:2], h, "rows")
           plgpu.commit_smem()
         ks_s, kz_s = s16[:2]
       with jax.named_scope("kmma"):
         scs = [mma(jnp.zeros((TILE, ROWS), jnp.float32),
                    plane_pairs(plgpu.load(rows(kc_s, j, TILE), layout=plgpu.Layout.WGMMA), q16_smem,
-                               rows(kz_s, j, h), rows(ks_s, j, h), magic, once)) for j in range(nt)]
+                               scales(kz_s, j, h), scales(ks_s, j, h), magic, once, k_layout)) for j in range(nt)]
       with jax.named_scope("softmax"):
         ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length)
       with jax.named_scope("vprep"):
         for j, p in enumerate(ps):
           rows(pt_smem, j, TILE)[...] = p.astype(jnp.float16)
         if once:
-          for src, dst, f in zip((vs_s, vz_s), s16[2:], factors):
-            dst[...] = convert(src, f)
+          to_fp16((vs_s, vz_s), s16[2:], TILE, "tokens")
           vs_s, vz_s = s16[2:]
         l_new = l_update(l_prev, alpha, functools.reduce(jnp.add, ps))
         plgpu.commit_smem()
@@ -241,7 +247,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         pairs = []
         for j in range(nt):
           pairs += plane_pairs(plgpu.load(rows(vc_s, j, h), layout=plgpu.Layout.WGMMA), rows(pt_smem, j, TILE),
-                               rows(vz_s, j, TILE), rows(vs_s, j, TILE), magic, once)
+                               scales(vz_s, j, TILE), scales(vs_s, j, TILE), magic, once, v_layout)
         o = mma(o * alpha[None, :], pairs)
       if opt.manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
         plgpu.commit_smem()
@@ -279,9 +285,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         hiw = lax.shift_right_logical(words, jnp.uint16(10))
 
         def a(m):
-          gcol = lambda ref: jnp.broadcast_to(gload(ref.at[bi, ki, pl.ds(tile * h + 16 * m, 16)],
-                                                    plgpu.Layout.WGMMA.reduce(0)).astype(jnp.float16)[None, :],
-                                              (TILE, 16))
+          gcol = lambda ref: (groups.group_fragment(ref.at[bi, ki, pl.ds(tile * groups.GROUPS, groups.GROUPS)], m,
+                                                    layout="rows", interpret=interpret) if grouped else
+                              jnp.broadcast_to(gload(ref.at[bi, ki, pl.ds(tile * h + 16 * m, 16)],
+                                                     plgpu.Layout.WGMMA.reduce(0)).astype(jnp.float16)[None, :],
+                                               (TILE, 16)))
           return planes.plane_masked(words, hiw, m, magic) * gcol(ks_g) + gcol(kz_g)
         sc_q = mma(jnp.zeros((TILE, ROWS), jnp.float32),
                    [(functools.partial(a, m), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)])
@@ -416,10 +424,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         max_concurrent_steps=stages, init_carry=init,
         in_specs=[plgpu.BlockSpec((nt * TILE, 16), lambda t: (first + t, 0), transforms=code_tiles),
                   plgpu.BlockSpec((nt * h, 16), lambda t: (first + t, 0), transforms=code_tiles),
-                  plgpu.BlockSpec((nt * h,), lambda t: (first + t,)),
-                  plgpu.BlockSpec((nt * h,), lambda t: (first + t,)),
-                  plgpu.BlockSpec((nt * TILE,), lambda t: (first + t,)),
-                  plgpu.BlockSpec((nt * TILE,), lambda t: (first + t,))])
+                  *[plgpu.BlockSpec(sblock(nt, n_), lambda t: (first + t,) + (0,) * grouped) for n_ in (h, h, TILE, TILE)]])
     def tiles():
       o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
                              vs_g.at[bi, ki], vz_g.at[bi, ki])
@@ -457,7 +462,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                      plgpu.SMEM((h, ROWS), jnp.float32),
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16),
-                     [plgpu.SMEM((opt.tiles_per_step * n_,), jnp.float16) for n_ in (h, h, TILE, TILE)] if once else [],
+                     [plgpu.SMEM(sblock(opt.tiles_per_step, n_), jnp.float16) for n_ in (h, h, TILE, TILE)] if once else [],
                      plgpu.Barrier(num_arrivals=1),
                      *(() if merged is None else epilogue.merge_scratch(merge_by))],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
@@ -469,24 +474,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   magic = jnp.full((1,), 0x6400, jnp.int32)  # `Options.opaque_magic`: a constant ptxas cannot see
   if q_scale is not None:
     q_t, extra = q_rows, extra + (jnp.reshape(jnp.asarray(q_scale, jnp.float32), (1,)),)  # a free reshape
-  res = f(q_t, lengths, magic, kc, vc.reshape(b, kh, tiles * h, 16), ks.reshape(b, kh, tiles * h),
-          kz.reshape(b, kh, tiles * h), vs, vz, *extra)
+  flat = lambda x, n_: x.reshape(b, kh, *sblock(tiles, n_))  # free reshapes
+  res = f(q_t, lengths, magic, kc, vc.reshape(b, kh, tiles * h, 16), flat(ks, h), flat(kz, h),
+          flat(vs, TILE), flat(vz, TILE), *extra)
   return res if merged is None else res[-1]
-
-
-@functools.partial(jax.jit, static_argnames="num_splits")
-def reference_states(q_t, lengths, k_codes, ks, kz, v_codes, vs, vz, *, num_splits: int):
-  """jnp reference of `kivi2_states` from the unpacked codes [B, K, S, H] (0..3), f32 throughout."""
-  f32 = lambda x: x.astype(jnp.float32)
-  b, kh, s, h = k_codes.shape
-  g = jnp.arange(s) // TILE
-  kf = f32(k_codes) * f32(ks)[:, :, g] + f32(kz)[:, :, g]  # [B, K, S, H]
-  vf = f32(v_codes) * f32(vs)[..., None] + f32(vz)[..., None]
-  sc = jnp.einsum("bksh,bkhn->bksn", kf, f32(q_t))
-  ok = (jnp.arange(s)[None, :] < lengths[:, None])[:, None, :, None]  # [B, 1, S, 1]
-  sc = jnp.where(ok, sc, NEG).reshape(b, kh, num_splits, s // num_splits, -1)
-  m = jnp.max(sc, axis=3)
-  p = jnp.where(ok.reshape(b, 1, num_splits, -1, 1), jnp.exp2(sc - m[:, :, :, None]), 0.0)
-  o = jnp.einsum("bkjsh,bkjsn->bkjhn", vf.reshape(b, kh, num_splits, s // num_splits, h), p)
-  return o, m, jnp.sum(p, axis=3)
-

@@ -156,6 +156,10 @@ VARIANTS = {
     "dequant_denorm_s32_mb4": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
                                       stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
                                       min_share=4),
+    # session 22: G=32 (`mosaic_groups`); lag 0 keeps it at 124 registers, 4 programs per SM (lag 1: 130, 3)
+    "dequant_denorm_s32_mb_lag0": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                                          stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
+                                          lag=0),
     "dequant_mask_s16_bal_om_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                            stop_at_length=True, balance=True, opaque_magic=True, shift32=True),
 }

@@ -1,0 +1,55 @@
+"""The Mosaic GPU KIVI-2 kernel's code layouts (`pack_keys`, `pack_values`: the cache's "words" layout) and
+its jnp reference (`reference_states`), beside `mosaic_kivi.kivi2_states` (which re-exports them)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from kvjax import packing
+
+__all__ = ["TILE", "NEG", "pack_keys", "unpack_keys", "pack_values", "reference_states"]
+
+TILE = 128    # tokens per value tile = the kernel's pipeline step
+NEG = -1e30
+
+
+def pack_keys(codes):
+  """Key codes [B, K, S, H=128] (0..3) -> [B, K, S, 16] uint16 (word j: channels j + 16 m):
+  `kvjax.packing.pack_words`, the cache's "words" key layout."""
+  return packing.pack_words(codes)
+
+
+def unpack_keys(words):
+  """Inverse of `pack_keys`: [..., 16] uint16 -> codes [..., 128] uint8 (channel 16 m + j from word j)."""
+  return packing.unpack_words(words)
+
+
+def pack_values(codes):
+  """Value codes [B, K, S, H] (0..3) -> [B, K, S / 128, H, 16] uint16 (word j: tile tokens j + 16 m):
+  the cache's "words" value layout (`kvjax.quant.words_layout`) viewed per tile."""
+  b, k, s, h = codes.shape
+  tiles = codes.reshape(b, k, s // TILE, TILE, h).swapaxes(-1, -2)  # [.., tile, H, 128 tokens]
+  return packing.pack_words(tiles)
+
+
+@functools.partial(jax.jit, static_argnames="num_splits")
+def reference_states(q_t, lengths, k_codes, ks, kz, v_codes, vs, vz, *, num_splits: int):
+  """jnp reference of `kivi2_states` from the unpacked codes [B, K, S, H] (0..3), f32 throughout (G=128 or
+  32, from the shape of ks)."""
+  f32 = lambda x: x.astype(jnp.float32)
+  b, kh, s, h = k_codes.shape
+  group = s // ks.shape[2]
+  g = jnp.arange(s) // group
+  kf = f32(k_codes) * f32(ks)[:, :, g] + f32(kz)[:, :, g]  # [B, K, S, H]
+  per_channel = (lambda x: jnp.repeat(f32(x), group, axis=-1)) if vs.ndim == 4 else (lambda x: f32(x)[..., None])
+  vf = f32(v_codes) * per_channel(vs) + per_channel(vz)
+  sc = jnp.einsum("bksh,bkhn->bksn", kf, f32(q_t))
+  ok = (jnp.arange(s)[None, :] < lengths[:, None])[:, None, :, None]  # [B, 1, S, 1]
+  sc = jnp.where(ok, sc, NEG).reshape(b, kh, num_splits, s // num_splits, -1)
+  m = jnp.max(sc, axis=3)
+  p = jnp.where(ok.reshape(b, 1, num_splits, -1, 1), jnp.exp2(sc - m[:, :, :, None]), 0.0)
+  o = jnp.einsum("bkjsh,bkjsn->bkjhn", vf.reshape(b, kh, num_splits, s // num_splits, h), p)
+  return o, m, jnp.sum(p, axis=3)

@@ -1,0 +1,92 @@
+"""`pallas_kernels.gpu.mosaic_groups` (the G=32 scale fragments of the Mosaic KIVI-2 kernel): the
+interpreter's fragments equal the scales a 32-row group and a k column pick, from each tile layout; the
+"packed" order is a permutation that `regroup` writes and the fragments read back; bad inputs are refused.
+(The native `inline_mgpu` paths run in the kernel's native tests, `tests/test_mosaic_decode.py`.)"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pallas_kernels.gpu import mosaic_groups as mg
+
+
+class _Ref:
+  """A stand-in for a kernel ref in the interpreter paths: shape, [...] reads and writes."""
+
+  def __init__(self, x):
+    self.x = jnp.asarray(x)
+    self.shape = self.x.shape
+
+  def __getitem__(self, idx):
+    return self.x[idx]
+
+  def __setitem__(self, idx, value):
+    assert idx is Ellipsis
+    self.x = jnp.asarray(value)
+
+
+def _rows():
+  """[group, column] scales: distinct values, exact in fp16."""
+  return (np.arange(512, dtype=np.float32).reshape(4, 128) / 8).astype(np.float16)
+
+
+def _in(layout, rows):
+  if layout == "rows":
+    return rows
+  if layout == "tokens":  # entry 4 x + g
+    return rows.T.reshape(4, 128)
+  out = np.empty_like(rows)  # packed: column x at packed_position(x)
+  out[:, mg.packed_position(np.arange(128))] = rows
+  return out
+
+
+def test_packed_position_permutes_each_16_columns():
+  pos = mg.packed_position(np.arange(128))
+  assert sorted(pos) == list(range(128))
+  assert list(pos[:16]) == [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15]
+  # a thread's 4 columns of a slab (2 q, 2 q + 1, 2 q + 8, 2 q + 9) are adjacent: positions 4 q .. 4 q + 3
+  for q in range(4):
+    assert list(pos[[2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9]]) == list(range(4 * q, 4 * q + 4))
+
+
+@pytest.mark.parametrize("layout", mg.LAYOUTS)
+@pytest.mark.parametrize("m", [0, 3, 7])
+def test_fragment_picks_group_and_column(layout, m):
+  rows = _rows()
+  frag = np.asarray(mg.group_fragment(_Ref(_in(layout, rows)), m, layout=layout, interpret=True))
+  assert frag.shape == (128, 16) and frag.dtype == np.float16
+  r, c = np.meshgrid(np.arange(128), np.arange(16), indexing="ij")
+  np.testing.assert_array_equal(frag, rows[r // 32, 16 * m + c])
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from(["rows", "tokens"]), st.integers(0, 2 ** 31 - 1), st.booleans())
+def test_regroup_then_fragment_is_the_scaled_source(layout, seed, with_factors):
+  rng = np.random.default_rng(seed)
+  rows = rng.uniform(0.05, 0.2, (4, 128)).astype(np.float32)
+  factors = tuple(float(2.0 ** e) for e in rng.integers(-4, 10, 8)) if with_factors else None
+  dst = _Ref(jnp.zeros((4, 128), jnp.float16))
+  mg.regroup(_Ref(jnp.asarray(_in(layout, rows), jnp.bfloat16)), dst, factors, layout=layout, interpret=True)
+  scale = np.repeat(np.asarray(factors or (1.0,) * 8, np.float32), 16)[None, :]
+  want = (np.asarray(jnp.asarray(rows, jnp.bfloat16), np.float32) * scale).astype(np.float16)
+  np.testing.assert_array_equal(np.asarray(dst.x), _in("packed", want))
+  for m in range(8):
+    frag = np.asarray(mg.group_fragment(dst, m, layout="packed", interpret=True))
+    np.testing.assert_array_equal(frag, np.repeat(want[:, 16 * m:16 * m + 16], 32, axis=0))
+
+
+def test_bad_inputs_are_refused():
+  ok = _Ref(jnp.zeros((4, 128), jnp.float16))
+  with pytest.raises(ValueError, match=r"ref must hold one tile's scales, \[4, 128\], got \(512,\)"):
+    mg.group_fragment(_Ref(jnp.zeros((512,))), 0, layout="rows", interpret=True)
+  with pytest.raises(ValueError, match="layout must be one of"):
+    mg.group_fragment(ok, 0, layout="cols", interpret=True)
+  with pytest.raises(ValueError, match=r"m \(the k-slab of 16 columns\) must be in \[0, 8\), got 8"):
+    mg.group_fragment(ok, 8, layout="rows", interpret=True)
+  with pytest.raises(ValueError, match="regroup's src must be 'rows' or 'tokens', got 'packed'"):
+    mg.regroup(ok, ok, layout="packed", interpret=True)
+  with pytest.raises(ValueError, match=r"dst must hold one tile's scales"):
+    mg.regroup(ok, _Ref(jnp.zeros((128, 4))), layout="rows", interpret=True)
+  with pytest.raises(ValueError, match=r"factors must hold one float per k-slab \(8\), got \(1.0, 2.0\)"):
+    mg.regroup(ok, ok, (1.0, 2.0), layout="rows", interpret=True)
