@@ -36,17 +36,18 @@ from kvjax import attention, cache as kvcache, formats  # noqa: E402
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_kivi as mk  # noqa: E402
 
 
-def random_packed(b, kh, s, key, scale_dtype=jnp.float16, group=128):
-  """A packed KIVI-2 cache (the kernel's layout) of random words and scales (`scale_dtype`: the
-  scales' and zeros'; a kvjax cache holds bf16) for group size `group` (128 or 32)."""
+def random_packed(b, kh, s, key, scale_dtype=jnp.float16, group=128, bits=2):
+  """A packed KIVI cache (the kernel's layout) of random words and scales (`scale_dtype`: the
+  scales' and zeros'; a kvjax cache holds bf16) for group size `group` (128 or 32) and `bits` (2 or 4)."""
   k = jax.random.split(key, 6)
   words = lambda kk, shape: jax.random.bits(kk, shape, jnp.uint16)
   scale = lambda kk, shape: jax.random.uniform(kk, shape, jnp.float32, 0.05, 0.2).astype(scale_dtype)
   zero = lambda kk, shape: (0.2 * jax.random.normal(kk, shape)).astype(scale_dtype)
   g = s // mk.TILE
   per_token = (b, kh, s) if group == 128 else (b, kh, s, 128 // group)
-  return (words(k[0], (b, kh, s, 16)), scale(k[1], (b, kh, s // group, 128)), zero(k[2], (b, kh, s // group, 128)),
-          words(k[3], (b, kh, g, 128, 16)), scale(k[4], per_token), zero(k[5], per_token))
+  w = 8 * bits  # words a 128-code row
+  return (words(k[0], (b, kh, s, w)), scale(k[1], (b, kh, s // group, 128)), zero(k[2], (b, kh, s // group, 128)),
+          words(k[3], (b, kh, g, 128, w)), scale(k[4], per_token), zero(k[5], per_token))
 
 
 def attend(q, lengths, cache, num_splits, interpret=False, stages=2, variant="exact", **prof):
@@ -83,13 +84,13 @@ def check(log, interpret=False, variants=mk.VARIANTS):
   return worst
 
 
-def caches_for(b, ctx, key, scale_dtype=jnp.float16, fill=None, group=128):
+def caches_for(b, ctx, key, scale_dtype=jnp.float16, fill=None, group=128, bits=2):
   """Enough random packed caches to rotate beyond L2, their bytes read at the lengths (ctx - 256 tokens,
   or fill x ctx), lengths."""
-  c0 = random_packed(b, dk.SHAPE.k_heads, ctx, key, scale_dtype, group)
+  c0 = random_packed(b, dk.SHAPE.k_heads, ctx, key, scale_dtype, group, bits)
   nbytes = sum(x.nbytes for x in c0)
   ns = dk.n_sets(nbytes)
-  caches = (c0,) + tuple(random_packed(b, dk.SHAPE.k_heads, ctx, jax.random.fold_in(key, i), scale_dtype, group)
+  caches = (c0,) + tuple(random_packed(b, dk.SHAPE.k_heads, ctx, jax.random.fold_in(key, i), scale_dtype, group, bits)
                          for i in range(1, ns))
   n = ctx - 256 if fill is None else max(1, int(fill * ctx))
   return caches, nbytes * n / ctx, jnp.full((b,), n, jnp.int32)

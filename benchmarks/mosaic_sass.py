@@ -145,7 +145,7 @@ def read_dumps(d):
   return out
 
 
-def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16, kernel="kivi2", group=128):
+def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16, kernel="kivi2", group=128, bits=2):
   """(q, lengths, cache, window) as shapes on one compile-only H200 of `target_config` (a GpuTargetConfig
   text proto): compiling for it needs no GPU, only the CUDA plugin and ptxas (CUDA_ROOT)."""
   from jax.experimental import topologies
@@ -154,8 +154,8 @@ def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16, ker
   sd = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=on)
   kh, g = dk.SHAPE.k_heads, ctx // mk.TILE
   per_token = (b, kh, ctx) if group == 128 else (b, kh, ctx, 128 // group)
-  cache = (sd((b, kh, ctx, 16), jnp.uint16), sd((b, kh, ctx // group, 128), scale_dtype),
-           sd((b, kh, ctx // group, 128), scale_dtype), sd((b, kh, g, 128, 16), jnp.uint16), sd(per_token, scale_dtype),
+  cache = (sd((b, kh, ctx, 8 * bits), jnp.uint16), sd((b, kh, ctx // group, 128), scale_dtype),
+           sd((b, kh, ctx // group, 128), scale_dtype), sd((b, kh, g, 128, 8 * bits), jnp.uint16), sd(per_token, scale_dtype),
            sd(per_token, scale_dtype))
   if kernel == "fp8":
     cache = (sd((b, kh, ctx, 128), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype),
@@ -181,7 +181,8 @@ def main(argv=None):
   ap.add_argument("--scale-dtype", default="bfloat16", choices=("bfloat16", "float16"),
                   help="the caches' scales and zeros (a kvjax cache holds bf16 by default)")
   ap.add_argument("--kernel", default="kivi2", choices=("kivi2", "fp8"), help="which Mosaic kernel's builds")
-  ap.add_argument("--group", type=int, default=128, choices=(128, 32), help="KIVI-2's group size G (--kernel kivi2)")
+  ap.add_argument("--group", type=int, default=128, choices=(128, 32), help="KIVI's group size G (--kernel kivi2)")
+  ap.add_argument("--bits", type=int, default=2, choices=(2, 4), help="KIVI's code width (--kernel kivi2)")
   ap.add_argument("--out", required=True)
   args = ap.parse_args(argv)
   builds = parse_builds(args.builds)
@@ -192,12 +193,13 @@ def main(argv=None):
   b, ctx = map(int, args.point.split(":"))
   key = jax.random.PRNGKey(0)
   if args.target_config:
-    q, lengths, cache, win = aot_args(args.target_config, b, ctx, jnp.dtype(args.scale_dtype), args.kernel, args.group)
+    q, lengths, cache, win = aot_args(args.target_config, b, ctx, jnp.dtype(args.scale_dtype), args.kernel, args.group,
+                                      args.bits)
   else:
     if args.kernel == "fp8":
       caches, nbytes, lengths = fp8_caches(b, ctx, key)
     else:
-      caches, nbytes, lengths = caches_for(b, ctx, key, jnp.dtype(args.scale_dtype), group=args.group)
+      caches, nbytes, lengths = caches_for(b, ctx, key, jnp.dtype(args.scale_dtype), group=args.group, bits=args.bits)
     cache = caches[0]
     win = window_inputs(b, dk.SHAPE.k_heads, lengths, jax.random.fold_in(key, 7))
     q = jax.random.normal(jax.random.fold_in(key, 99), (b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16)
@@ -215,7 +217,7 @@ def main(argv=None):
     for k in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_PTXAS"):
       os.environ.pop(k)
     row = {"build": name, "variant": variant, "window": window, "batch": b, "context": ctx, "splits": args.splits,
-           "scale_dtype": args.scale_dtype, "group": args.group}
+           "scale_dtype": args.scale_dtype, "group": args.group, "bits": args.bits}
     if not args.target_config:
       row["device_kind"] = jax.devices()[0].device_kind
       def step(x, f=f):

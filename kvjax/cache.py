@@ -204,6 +204,7 @@ def _words_ok(fmt: KVFormat, capacity: int, head_dim: int) -> str | None:
 # in the same run: B=8 32k 130.0 against 352.0 us, B=64 32k 914.9 against 2727.6, B=1 32k 32.0 against 63.6;
 # only B=1 at 1k / 4k is slower, 14.0 / 18.7 against 11.8 / 15.1: benchmarks/NOTES_gpu.md).
 WORDS_DEFAULT_GROUPS = (quant.WORDS_TILE, 32)
+WORDS_DEFAULT_BITS = (2,)  # KIVI-4 reads "words" too (session 22), not yet timed on the device
 
 
 def default_kivi_layout(fmt: KVFormat, capacity: int, head_dim: int, backend: str | None = None) -> str:
@@ -212,7 +213,7 @@ def default_kivi_layout(fmt: KVFormat, capacity: int, head_dim: int, backend: st
   what the Triton and TPU kernels read). `backend`: default `jax.default_backend()`."""
   backend = jax.default_backend() if backend is None else backend
   if (backend == "gpu" and _words_ok(fmt, capacity, head_dim) is None and fmt.residual == quant.WORDS_TILE
-      and not fmt.sink and fmt.key.group_size in WORDS_DEFAULT_GROUPS):
+      and not fmt.sink and fmt.key.group_size in WORDS_DEFAULT_GROUPS and fmt.key.bits in WORDS_DEFAULT_BITS):
     return "words"
   return ""
 
@@ -292,9 +293,10 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
   if fmt.sink > capacity:
     raise ValueError(f"sink ({fmt.sink}) must be <= capacity ({capacity})")
   v = v.replace(tile=int(value_tile))
-  if kivi_layout == "words":  # uint16 [B, K, S, 16]; scales and zeros as planar
-    words = lambda: jnp.zeros((batch, num_kv_heads, capacity, head_dim // 8), jnp.uint16)
-    k, v = k.replace(codes=words(), layout="words", block=0), v.replace(codes=words(), layout="words", block=0)
+  if kivi_layout == "words":  # uint16 [B, K, S, 16] (4-bit: 32); scales and zeros as planar
+    words = lambda spec: jnp.zeros((batch, num_kv_heads, capacity, head_dim * spec.bits // 16), jnp.uint16)
+    k = k.replace(codes=words(fmt.key), layout="words", block=0)
+    v = v.replace(codes=words(fmt.value), layout="words", block=0)
   return KVCache(k=k, v=v, k_res=res(), v_res=res(), lengths=jnp.zeros((batch,), jnp.int32), fmt=fmt,
                  k_sink=sink(), v_sink=sink())
 

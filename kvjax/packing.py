@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, UInt8
 
-__all__ = ["pack", "unpack", "codes_per_byte", "pack_words", "unpack_words", "WORD_BLOCK"]
+__all__ = ["pack", "unpack", "codes_per_byte", "pack_words", "unpack_words", "WORD_BLOCK", "word_planes", "word_block"]
 
 
 def codes_per_byte(bits: int) -> int:
@@ -64,34 +64,47 @@ def unpack(packed: UInt8[Array, "..."], bits: int, axis: int, block: int) -> UIn
   return out.reshape(shape[:axis] + (length,) + shape[axis + 1:])
 
 
-# The uint16 word layout of 2-bit codes that the Mosaic GPU KIVI-2 kernel reads
+# The uint16 word layout of 2-bit (and 4-bit) codes that the Mosaic GPU KIVI kernel reads
 # (`pallas_kernels.gpu.mosaic_kivi`; `QArray.layout == "words"`): each run of
-# WORD_BLOCK = 128 codes becomes 16 uint16 words, word j holding codes
+# WORD_BLOCK = 128 2-bit codes becomes 16 uint16 words, word j holding codes
 # ``j + 16 m`` (m = 0..7) at bits ``[2 m, 2 m + 2)``. Plane m of a word tile is
-# then one contiguous 16-wide slab of the contraction axis.
+# then one contiguous 16-wide slab of the contraction axis. 4-bit codes: runs of
+# 64 (`word_block(4)`), word j holding codes j + 16 m (m = 0..3) at bits [4 m, 4 m + 4).
 WORD_BLOCK = 128
 WORD_PLANES = 8
 
 
-def pack_words(codes: UInt8[Array, "... n"]) -> Array:
-  """2-bit codes ``[..., 128 w]`` (values 0..3) -> uint16 words ``[..., 16 w]`` (see `WORD_BLOCK`)."""
-  n = codes.shape[-1]
-  if n % WORD_BLOCK:
-    raise ValueError(f"pack_words: the last axis ({n}) must be a multiple of {WORD_BLOCK}")
-  x = codes.astype(jnp.uint16).reshape(codes.shape[:-1] + (n // WORD_BLOCK, WORD_PLANES, WORD_BLOCK // WORD_PLANES))
+def word_planes(bits: int = 2) -> int:
+  """Codes per uint16 word (planes of a word tile): 8 for 2-bit, 4 for 4-bit."""
+  if bits not in (2, 4):
+    raise ValueError(f"the words layout holds 2- or 4-bit codes, got bits={bits}")
+  return 16 // bits
+
+
+def word_block(bits: int = 2) -> int:
+  """Codes per run of 16 words: 128 for 2-bit, 64 for 4-bit."""
+  return 16 * word_planes(bits)
+
+
+def pack_words(codes: UInt8[Array, "... n"], bits: int = 2) -> Array:
+  """`bits`-bit codes ``[..., n]`` (n a multiple of `word_block(bits)`) -> uint16 words
+  ``[..., n bits / 16]`` (see `WORD_BLOCK`)."""
+  n, planes, block = codes.shape[-1], word_planes(bits), word_block(bits)
+  if n % block:
+    raise ValueError(f"pack_words: the last axis ({n}) must be a multiple of {block}")
+  x = codes.astype(jnp.uint16).reshape(codes.shape[:-1] + (n // block, planes, 16))
   out = x[..., 0, :]
-  for m in range(1, WORD_PLANES):
-    out = out | (x[..., m, :] << (2 * m))
-  return out.reshape(codes.shape[:-1] + (n // WORD_PLANES,))
+  for m in range(1, planes):
+    out = out | (x[..., m, :] << (bits * m))
+  return out.reshape(codes.shape[:-1] + (n // planes,))
 
 
-def unpack_words(words: Array) -> UInt8[Array, "..."]:
-  """Inverse of `pack_words`: uint16 ``[..., 16 w]`` -> codes ``[..., 128 w]`` uint8."""
-  n = words.shape[-1]
-  per = WORD_BLOCK // WORD_PLANES
-  if n % per:
-    raise ValueError(f"unpack_words: the last axis ({n}) must be a multiple of {per}")
-  x = words.reshape(words.shape[:-1] + (n // per, 1, per))
-  shifts = (jnp.arange(WORD_PLANES, dtype=jnp.uint16) * 2).reshape(WORD_PLANES, 1)
-  out = (x >> shifts) & jnp.uint16(3)
-  return out.reshape(words.shape[:-1] + (n * WORD_PLANES,)).astype(jnp.uint8)
+def unpack_words(words: Array, bits: int = 2) -> UInt8[Array, "..."]:
+  """Inverse of `pack_words`: uint16 ``[..., 16 w]`` -> codes ``[..., 16 w x 16 / bits]`` uint8."""
+  n, planes = words.shape[-1], word_planes(bits)
+  if n % 16:
+    raise ValueError(f"unpack_words: the last axis ({n}) must be a multiple of 16")
+  x = words.reshape(words.shape[:-1] + (n // 16, 1, 16))
+  shifts = (jnp.arange(planes, dtype=jnp.uint16) * bits).reshape(planes, 1)
+  out = (x >> shifts) & jnp.uint16(2 ** bits - 1)
+  return out.reshape(words.shape[:-1] + (n * planes,)).astype(jnp.uint8)

@@ -44,12 +44,12 @@ class QArray:
       bytes of ``codes[..., i*T:(i+1)*T, :]`` are the ``[H, T]`` transpose of those tokens' codes
       (`tile_tokens`), so a decode kernel's p.v operand has adjacent token pairs. The array shape
       stays ``[..., S, H]``; `unpacked_codes` / `dequantize` undo the transpose.
-    layout: static code layout of KIVI-2 with H = 128, G = 128 or 32. "" (planar, `kvjax.packing.pack`) or
-      "words": uint16 ``[..., S, 16]`` as the Mosaic GPU kernel reads them (`packing.pack_words`:
-      8 codes a word, packed across the group axis). Keys (``axis="token"``): row t is token t,
-      its 128 channels in 16 words. Values (``axis="channel"``): each 128-token tile stored
-      transposed, row ``128 i + h`` holding channel h of tile i's 128 tokens in 16 words
-      (`words_layout` / `unwords_layout`).
+    layout: static code layout of KIVI-2 / KIVI-4 with H = 128, G = 128 or 32. "" (planar,
+      `kvjax.packing.pack`) or "words": uint16 ``[..., S, 16]`` (4-bit: ``[..., S, 32]``) as the Mosaic
+      GPU kernel reads them (`packing.pack_words`: 8 (4) codes a word, packed across the group axis).
+      Keys (``axis="token"``): row t is token t, its 128 channels in 16 (32) words. Values
+      (``axis="channel"``): each 128-token tile stored transposed, row ``128 i + h`` holding channel h
+      of tile i's 128 tokens in 16 (32) words (`words_layout` / `unwords_layout`).
   """
 
   codes: Array
@@ -76,7 +76,7 @@ class QArray:
     """Logical (unpacked) shape."""
     shape = list(self.codes.shape)
     if self.layout == "words":
-      shape[-1] *= packing.WORD_PLANES
+      shape[-1] *= packing.word_planes(self.spec.bits)
     elif self.packed_axis is not None:
       shape[self.packed_axis] *= packing.codes_per_byte(self.spec.bits)
     return tuple(shape)
@@ -234,7 +234,7 @@ def quantize(x: Float[Array, "... S H"], spec: QuantSpec, *, scale: Array | None
   if x.ndim < 2:
     raise ValueError(f"x must have rank >= 2 ([..., S, H]), got shape {x.shape}")
   if layout not in ("", "words") or layout and not isinstance(spec, KIVISpec):
-    raise ValueError(f"layout must be '' or 'words' (KIVI-2 only), got {layout!r} for {spec}")
+    raise ValueError(f"layout must be '' or 'words' (KIVI only), got {layout!r} for {spec}")
   if isinstance(spec, Passthrough):
     return QArray(codes=x.astype(spec.dtype), scale=None, zero=None, spec=spec, block=0)
   xf = x.astype(jnp.float32)
@@ -298,12 +298,13 @@ def untile_tokens(x: Array, tile: int) -> Array:
 
 WORDS_TILE = packing.WORD_BLOCK  # tokens per transposed value tile of the "words" layout (= H)
 WORDS_GROUPS = (WORDS_TILE, 32)  # the group sizes it takes (the codes do not depend on G)
+WORDS_BITS = (2, 4)  # the code widths it takes (`packing.pack_words`)
 
 
 def words_supported(spec: QuantSpec, head_dim: int, capacity: int) -> str | None:
   """None when `spec` codes of a ``[.., capacity, head_dim]`` array can take the "words" layout, else why."""
-  if not (isinstance(spec, KIVISpec) and spec.bits == 2 and spec.group_size in WORDS_GROUPS):
-    return f"needs KIVI-2 with group_size in {WORDS_GROUPS}, got {spec}"
+  if not (isinstance(spec, KIVISpec) and spec.bits in WORDS_BITS and spec.group_size in WORDS_GROUPS):
+    return f"needs KIVI with bits in {WORDS_BITS} and group_size in {WORDS_GROUPS}, got {spec}"
   if head_dim != WORDS_TILE:
     return f"needs head_dim {WORDS_TILE}, got {head_dim}"
   if capacity % WORDS_TILE:
@@ -312,15 +313,15 @@ def words_supported(spec: QuantSpec, head_dim: int, capacity: int) -> str | None
 
 
 def words_layout(codes: Array, spec: KIVISpec) -> Array:
-  """Unpacked KIVI-2 codes ``[..., S, 128]`` -> the "words" layout ``[..., S, 16]`` uint16 (`QArray.layout`)."""
+  """Unpacked KIVI codes ``[..., S, 128]`` -> the "words" layout ``[..., S, 128 bits / 16]`` uint16 (`QArray.layout`)."""
   if spec.axis == "channel":  # values: 128-token tiles transposed, words along the tile's tokens
     codes = tile_tokens(codes, WORDS_TILE)
-  return packing.pack_words(codes)
+  return packing.pack_words(codes, spec.bits)
 
 
 def unwords_layout(words: Array, spec: KIVISpec) -> Array:
   """Inverse of `words_layout`: codes ``[..., S, 128]`` uint8."""
-  codes = packing.unpack_words(words)
+  codes = packing.unpack_words(words, spec.bits)
   return untile_tokens(codes, WORDS_TILE) if spec.axis == "channel" else codes
 
 

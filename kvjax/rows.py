@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from kvjax import quant
+from kvjax import packing, quant
 from kvjax.formats import FP8Spec, IntSpec, KIVISpec
 from kvjax.quant import QArray
 
@@ -49,18 +49,20 @@ def _scatter_tiled(dst: Array, new: Array, pos: Array, tile: int) -> Array:
   return jax.vmap(one)(dst.reshape(b, k, s // tile, x, tile), new, pos).reshape(dst.shape)
 
 
-def _scatter_planes(dst: Array, new: Array, pos: Array) -> Array:
-  """2-bit codes new [B, K, n, 128] of tokens pos [B, n] into a "words" value leaf dst [B, K, S, 16]
-  (`QArray.layout`): token p's code of channel h goes to bits 2 ((p % 128) // 16) of word p % 16 in
-  row 128 (p // 128) + h; other bits are kept. Each token's field is replaced by adding
-  (new - old) << shift modulo 2^16: exact, and order-free when tokens of one append share words."""
-  w = quant.WORDS_TILE
+def _scatter_planes(dst: Array, new: Array, pos: Array, bits: int = 2) -> Array:
+  """`bits`-bit codes new [B, K, n, 128] of tokens pos [B, n] into a "words" value leaf dst [B, K, S, 128 bits
+  / 16] (`QArray.layout`): token p's code of channel h goes, with e = p % 128 and block = `packing.word_block`,
+  to bits `bits` ((e % block) // 16) of word 16 (e // block) + e % 16 in row 128 (p // 128) + h; other bits
+  are kept. Each token's field is replaced by adding (new - old) << shift modulo 2^16: exact, and order-free
+  when tokens of one append share words."""
+  w, block = quant.WORDS_TILE, packing.word_block(bits)
   s = dst.shape[2]
   def one(d, c, p):  # d [K, S, 16], c [K, n, H], p [n]; p >= S: dropped (rows out of range)
     rows = (p // w * w)[:, None] + jnp.arange(c.shape[-1])[None, :]  # [n, H]
-    col = (p % 16)[:, None]
-    shift = (2 * ((p % w) // 16)).astype(jnp.uint16)[None, :, None]
-    old = (d[:, jnp.clip(rows, 0, s - 1), col] >> shift) & jnp.uint16(3)  # [K, n, H]
+    e = p % w
+    col = (16 * (e // block) + e % 16)[:, None]
+    shift = (bits * ((e % block) // 16)).astype(jnp.uint16)[None, :, None]
+    old = (d[:, jnp.clip(rows, 0, s - 1), col] >> shift) & jnp.uint16(2 ** bits - 1)  # [K, n, H]
     delta = (c.astype(jnp.uint16) - old) << shift
     return d.at[:, rows, col].add(delta, mode="drop")
   return jax.vmap(one)(dst, new, pos)
@@ -74,8 +76,8 @@ class RowWrite:
   `leaf` names the cache leaf ("k.codes", "v.scale", "k.zero", "v_res", "k_sink", ...).
   `tile` > 0: the leaf is stored in tiles of `tile` tokens (`QArray.tile`): token p's X elements
   go to column ``p % tile`` of tile ``p // tile``, viewed ``[B, K, S' / tile, X, tile]``.
-  `planes`: the leaf holds "words" KIVI-2 value codes (`QArray.layout`) and `new` the tokens' codes
-  ``[B, K, n, 128]`` (0..3), each stored in its bit plane (`_scatter_planes`).
+  `planes`: 0, or the code width (2 or 4) of a leaf of "words" KIVI value codes (`QArray.layout`); `new`
+  is then the tokens' codes ``[B, K, n, 128]``, each stored in its bit plane (`_scatter_planes`).
   """
 
   leaf: str
@@ -83,7 +85,7 @@ class RowWrite:
   new: Array
   pos: Array
   tile: int = 0
-  planes: bool = False
+  planes: int = 0
 
 
 def get_leaf(cache: "KVCache", name: str) -> Array:
@@ -111,8 +113,8 @@ def scatter_writes(cache: "KVCache", writes: Sequence["RowWrite | KeyFlush | Qua
   out = {}
   for w in writes:
     leaf = out.get(w.leaf, get_leaf(cache, w.leaf))
-    scatter = (_scatter_planes if w.planes else functools.partial(_scatter_tiled, tile=w.tile) if w.tile
-               else _scatter_tokens)
+    scatter = (functools.partial(_scatter_planes, bits=w.planes) if w.planes else
+               functools.partial(_scatter_tiled, tile=w.tile) if w.tile else _scatter_tokens)
     out[w.leaf] = scatter(leaf.reshape(w.view), w.new, w.pos).reshape(leaf.shape)
   return set_leaves(cache, out)
 
@@ -123,7 +125,7 @@ def _write_per_token(old: QArray, new: QArray, pos: Array, role: str) -> list[Ro
   if not (old.scale is None or (isinstance(old.spec, FP8Spec) and old.spec.static)):
     names += ["scale"] + ([] if old.zero is None else ["zero"])
   if old.layout == "words":  # codes into their bit planes of the transposed tiles
-    return [RowWrite(f"{role}.codes", old.codes.shape, quant.unpacked_codes(new), pos, planes=True)] + [
+    return [RowWrite(f"{role}.codes", old.codes.shape, quant.unpacked_codes(new), pos, planes=old.spec.bits)] + [
         RowWrite(f"{role}.{n}", getattr(old, n).shape, getattr(new, n), pos) for n in names[1:]]
   return [RowWrite(f"{role}.{n}", getattr(old, n).shape, getattr(new, n), pos,
                    tile=old.tile if n == "codes" else 0) for n in names]

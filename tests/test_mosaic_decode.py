@@ -17,7 +17,7 @@ from pallas_kernels.gpu import mosaic_decode as md, ops
 
 
 def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0, layout="", fmt="kivi2_g128"):
-  fmt = formats.preset(fmt)
+  fmt = formats.preset(fmt) if isinstance(fmt, str) else fmt
   rng = np.random.default_rng(seed)
   b = len(lengths)
   c = kvcache.init_cache(fmt, b, kv_heads, capacity, 128, kivi_layout=layout)
@@ -58,17 +58,10 @@ def test_matches_the_library_reference(lengths, appends, splits, layout, via_ops
 INTERPRET = jax.default_backend() != "gpu"  # natively on a GPU (benchmarks/runs/session15_b.sh)
 
 
-@pytest.mark.parametrize("lengths,appends,t,window,via_ops", [
-    ((300, 0, 1, 128), 0, 1, "kernel", True),  # short windows; empty; one token; exactly 128; through ops
-    ((127, 385, 509), 1, 1, "kernel", False),  # the window straddles a quantized key group of 4 scale groups
-    ((300, 2), 0, 4, "kernel", False),         # 4 query tokens, causal among them
-    ((385, 200, 509), 3, 1, "xla", False),     # the window's keys dequantized in XLA
-])
-def test_g32_cache_matches_the_library_reference(lengths, appends, t, window, via_ops):
-  """KIVI-2 G=32 ("kivi2", a "words" cache): scales per 32-token key group and 32-channel value group
-  (`mosaic_groups`), GROUPED_VARIANT == the library reference; and a G=128 reading of the same codes
-  (its first group's scales for all four) differs, so the test sees the groups."""
-  c = _cache(lengths, appends=appends, layout="words", fmt="kivi2")
+def _words_case_matches(fmt, lengths, appends, t, window, via_ops):
+  """A "words" cache of `fmt` through ops (via_ops) or `mosaic_decode` (window): == the library reference at
+  bf16 level, zero where a query token sees nothing. Returns (cache, q, ref, visible)."""
+  c = _cache(lengths, appends=appends, layout="words", fmt=fmt)
   q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, t, 128)), jnp.bfloat16)
   if via_ops:
     out = ops.decode_attention(q, c, num_splits=2, interpret=INTERPRET)
@@ -79,6 +72,20 @@ def test_g32_cache_matches_the_library_reference(lengths, appends, t, window, vi
   visible = np.broadcast_to((np.asarray(c.lengths)[:, None] - t + np.arange(t) >= 0)[:, None, :, None], out.shape)
   assert test_base.relative_error(out[visible], ref[visible]) < 5e-3  # bf16 output
   np.testing.assert_array_equal(out[~visible], 0.0)
+  return c, q, ref, visible
+
+
+@pytest.mark.parametrize("lengths,appends,t,window,via_ops", [
+    ((300, 0, 1, 128), 0, 1, "kernel", True),  # short windows; empty; one token; exactly 128; through ops
+    ((127, 385, 509), 1, 1, "kernel", False),  # the window straddles a quantized key group of 4 scale groups
+    ((300, 2), 0, 4, "kernel", False),         # 4 query tokens, causal among them
+    ((385, 200, 509), 3, 1, "xla", False),     # the window's keys dequantized in XLA
+])
+def test_g32_cache_matches_the_library_reference(lengths, appends, t, window, via_ops):
+  """KIVI-2 G=32 ("kivi2", a "words" cache): scales per 32-token key group and 32-channel value group
+  (`mosaic_groups`), GROUPED_VARIANT == the library reference; and a G=128 reading of the same codes
+  (its first group's scales for all four) differs, so the test sees the groups."""
+  c, q, ref, visible = _words_case_matches("kivi2", lengths, appends, t, window, via_ops)
   coarse = c.replace(k=c.k.replace(scale=jnp.repeat(c.k.scale[:, :, ::4], 4, axis=2)))
   wrong = np.asarray(attention.decode_attention(q.astype(jnp.float32), coarse))
   assert test_base.relative_error(wrong[visible], ref[visible]) > 2e-2
@@ -89,7 +96,9 @@ def test_g32_refuses_what_it_cannot_do():
   q = jnp.zeros((1, 4, 1, 128), jnp.bfloat16)
   with pytest.raises(ValueError, match="window 'pallas'"):
     md.decode_attention(q, c, window="pallas", interpret=True)
-  assert "KIVI-2" in md.supports(_cache((3,), fmt="kivi4"))
+  assert md.supports(_cache((3,), fmt="kivi4")) is None  # KIVI-4, planar: repacked per call
+  mixed = dataclasses.replace(formats.preset("kivi2"), value=formats.KIVISpec(bits=4, group_size=32, axis="channel"))
+  assert "keys and values must both be KIVI with bits in (2, 4)" in md.supports(kvcache.init_cache(mixed, 1, 1, 256, 128))
   assert "group sizes must be equal and in (128, 32)" in md.supports(
       kvcache.init_cache(formats.kivi(2, 64, 128), 1, 1, 256, 128))
   with pytest.raises(ValueError, match="needs a dequant_in_a variant"):
@@ -217,3 +226,16 @@ def test_precision_on_the_reference_lm(tmp_path):
   err = row[f"{md.DEFAULT_VARIANT}_rel_err"]
   assert 0 < err < 2e-3 and row["quantization_rel_err"] > 20 * err
   assert 0 < max(row["key_scale_max"], row["value_scale_max"]) < res["denorm_scale_bound"] / 4
+
+
+@pytest.mark.parametrize("fmt,lengths,appends,t,window", [
+    ("kivi4", (300, 0, 1, 128), 0, 1, "kernel"),          # G=32: short windows; empty; one token; exactly 128
+    ("kivi4", (127, 385, 509), 1, 1, "kernel"),           # the window straddles a quantized key group
+    (formats.kivi(4, 128, 128), (300, 2), 0, 4, "kernel"),  # G=128, 4 query tokens, causal among them
+    ("kivi4", (385, 200, 509), 3, 1, "xla"),              # the window's keys dequantized in XLA
+])
+def test_kivi4_cache_matches_the_library_reference(fmt, lengths, appends, t, window):  # noqa: PLR0913
+  """KIVI-4 (4-bit codes, 4 a uint16 word: two word tiles a 128-code row; planes 0-1 from w, 2-3 from
+  w >> 8) in a "words" cache, G=32 and 128, through ops or not: == the library reference."""
+  c, *_ = _words_case_matches(fmt, lengths, appends, t, window, via_ops=window == "kernel" and t == 1)
+  assert c.k.codes.shape[-1] == c.v.codes.shape[-1] == 32

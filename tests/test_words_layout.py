@@ -29,6 +29,19 @@ def test_pack_words_round_trip_and_bit_layout(blocks, seed):
   assert (words[1, 16 * blk + j] >> (2 * m)) & 3 == codes[1, 128 * blk + j + 16 * m]
 
 
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 3), st.integers(0, 2 ** 31 - 1))
+def test_pack_words_4bit_round_trip_and_bit_layout(blocks, seed):
+  codes = np.random.default_rng(seed).integers(0, 16, (3, 64 * blocks)).astype(np.uint8)
+  words = np.asarray(packing.pack_words(jnp.asarray(codes), 4))
+  assert words.dtype == np.uint16 and words.shape == (3, 16 * blocks)
+  np.testing.assert_array_equal(np.asarray(packing.unpack_words(jnp.asarray(words), 4)), codes)
+  blk, j, m = blocks - 1, 9, 3  # word j of a 64-code block holds element j + 16 m at bits 4m
+  assert (words[2, 16 * blk + j] >> (4 * m)) & 15 == codes[2, 64 * blk + j + 16 * m]
+  with pytest.raises(ValueError, match="2- or 4-bit codes, got bits=3"):
+    packing.pack_words(jnp.asarray(codes), 3)
+
+
 def test_pack_words_rejects_partial_blocks():
   with pytest.raises(ValueError, match=r"last axis \(100\) must be a multiple of 128"):
     packing.pack_words(jnp.zeros((2, 100), jnp.uint8))
@@ -36,13 +49,13 @@ def test_pack_words_rejects_partial_blocks():
     packing.unpack_words(jnp.zeros((2, 10), jnp.uint16))
 
 
-@pytest.mark.parametrize("group", [128, 32])
+@pytest.mark.parametrize("bits,group", [(2, 128), (2, 32), (4, 32)])
 @pytest.mark.parametrize("axis", ["token", "channel"])
-def test_quantize_words_dequantizes_as_planar(axis, group):
+def test_quantize_words_dequantizes_as_planar(axis, bits, group):
   x = jax.random.normal(jax.random.key(1), (2, 3, 256, H)) * 3
-  spec = KIVISpec(bits=2, group_size=group, axis=axis)
+  spec = KIVISpec(bits=bits, group_size=group, axis=axis)
   planar, words = quant.quantize(x, spec), quant.quantize(x, spec, layout="words")
-  assert words.codes.shape == (2, 3, 256, 16) and words.shape == x.shape and words.layout == "words"
+  assert words.codes.shape == (2, 3, 256, 8 * bits) and words.shape == x.shape and words.layout == "words"
   np.testing.assert_array_equal(np.asarray(quant.unpacked_codes(words)), np.asarray(quant.unpacked_codes(planar)))
   np.testing.assert_array_equal(np.asarray(quant.dequantize(words)), np.asarray(quant.dequantize(planar)))
 
@@ -51,13 +64,13 @@ def test_quantize_words_rejects_formats_it_cannot_hold():
   x = jnp.ones((1, 256, H))
   with pytest.raises(ValueError, match=r"group_size in \(128, 32\)"):
     quant.quantize(x, KIVISpec(bits=2, group_size=64), layout="words")
-  with pytest.raises(ValueError, match=r"group_size in \(128, 32\)"):
-    quant.quantize(x, KIVISpec(bits=4, group_size=32), layout="words")
+  with pytest.raises(ValueError, match=r"bits in \(2, 4\) and group_size in \(128, 32\), got .*group_size=16"):
+    quant.quantize(x, KIVISpec(bits=4, group_size=16), layout="words")
   with pytest.raises(ValueError, match="head_dim 128, got 64"):
     quant.quantize(jnp.ones((1, 256, 64)), KIVISpec(bits=2, group_size=128), layout="words")
   with pytest.raises(ValueError, match="layout must be '' or 'words'"):
     quant.quantize(x, KIVISpec(bits=2, group_size=128), layout="tiles")
-  with pytest.raises(ValueError, match="KIVI-2 only"):
+  with pytest.raises(ValueError, match="KIVI only"):
     quant.quantize(x, formats.preset("int8").key, layout="words")
 
 
@@ -79,11 +92,12 @@ def _same_tokens(a, b):
     np.testing.assert_array_equal(np.asarray(va[i, :, :n]), np.asarray(vb[i, :, :n]))
 
 
-@pytest.mark.parametrize("fmt", ["kivi2_g128", "kivi2"])
+@pytest.mark.parametrize("fmt", ["kivi2_g128", "kivi2", "kivi4"])
 def test_cache_in_words_layout_holds_the_same_tokens(fmt):
   rng = np.random.default_rng(0)
   planar, words = _pair(3, 512, fmt=fmt)
-  assert words.k.codes.shape == (3, 2, 512, 16) and words.capacity == 512 and words.head_dim == H
+  bits = words.fmt.key.bits
+  assert words.k.codes.shape == (3, 2, 512, 8 * bits) and words.capacity == 512 and words.head_dim == H
   # prefill (ragged, one empty), a chunk crossing tile and group boundaries, decode steps, a long append
   for t, num in ((200, [200, 3, 0]), (1, None), (140, [40, 17, 128]), (1, None), (1, None), (130, [10, 130, 64])):
     kv = [jnp.asarray(rng.standard_normal((3, 2, t, H)), jnp.float32) for _ in range(2)]
@@ -128,8 +142,8 @@ def test_default_layout_per_backend_and_format():
 def test_init_cache_rejects_bad_layouts():
   with pytest.raises(ValueError, match="kivi_layout must be '' \\(planar\\) or 'words', got 'tiles'"):
     kvcache.init_cache(formats.preset("kivi2_g128"), 1, 1, 256, H, kivi_layout="tiles")
-  with pytest.raises(ValueError, match=r"kivi_layout='words' keys: needs KIVI-2 with group_size in \(128, 32\)"):
-    kvcache.init_cache(formats.preset("kivi4"), 1, 1, 256, H, kivi_layout="words")
+  with pytest.raises(ValueError, match=r"kivi_layout='words' keys: needs KIVI with bits in \(2, 4\) and group_size"):
+    kvcache.init_cache(formats.kivi(4, 64, 128), 1, 1, 256, H, kivi_layout="words")
   with pytest.raises(ValueError, match="kivi_layout='words' format 'int8' is not KIVI"):
     kvcache.init_cache(formats.preset("int8"), 1, 1, 256, H, kivi_layout="words")
   with pytest.raises(ValueError, match="head_dim 128, got 256"):
@@ -151,6 +165,10 @@ def test_writers_and_kernels_that_decline_fall_back():
   ref = dispatch.decode_attention(q, out, implementation="xla")
   np.testing.assert_array_equal(np.asarray(dispatch.decode_attention(q, out, implementation=("pallas_gpu", "xla"))),
                                 np.asarray(ref))
+  _, words4 = _pair(2, 256, kv_heads=1, stale=False, fmt="kivi4")  # the one-kernel writer stores 2-bit planes only
+  with pytest.raises(NotImplementedError, match="'words' codes of 4 bits"):
+    write.write_rows(words4, [], interpret=True)
+  _same_tokens(kvcache.append(words4, kv, kv), dispatch.append(words4, kv, kv, implementation=("pallas_gpu", "xla")))
 
 
 def test_default_splits():
@@ -185,7 +203,7 @@ def test_module_decodes_a_words_cache_through_the_mosaic_kernel(monkeypatch):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("fmt", ["kivi2_g128", "kivi2"])
+@pytest.mark.parametrize("fmt", ["kivi2_g128", "kivi2", "kivi4"])
 def test_with_kivi_layout_round_trips(fmt):
   """`cache.with_kivi_layout`: planar -> "words" holds the same tokens as a cache filled in "words", and
   back gives the planar codes bit for bit; non-KIVI formats and layouts it cannot hold are refused."""
@@ -204,4 +222,4 @@ def test_with_kivi_layout_round_trips(fmt):
   with pytest.raises(ValueError, match="kivi_layout='words' format 'int8' is not KIVI"):
     kvcache.with_kivi_layout(kvcache.init_cache(formats.preset("int8"), 1, 1, 256, H), "words")
   with pytest.raises(ValueError, match="group_size in"):
-    kvcache.with_kivi_layout(kvcache.init_cache(formats.preset("kivi4"), 1, 1, 256, H), "words")
+    kvcache.with_kivi_layout(kvcache.init_cache(formats.kivi(2, 64, 128), 1, 1, 256, H), "words")

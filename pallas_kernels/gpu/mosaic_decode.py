@@ -1,4 +1,4 @@
-"""KIVI-2 (G=128 or 32) decode attention over a `kvjax` cache through the Mosaic GPU kernel
+"""KIVI-2 / KIVI-4 (G=128 or 32) decode attention over a `kvjax` cache through the Mosaic GPU kernel
 (`mosaic_kivi.kivi2_states`): the semantics of `kvjax.attention.decode_attention`, residual window
 included. `ops.decode_attention` dispatches here for caches in the "words" layout
 (`QArray.layout`, `kvjax.cache.default_kivi_layout`: the GPU default for KIVI-2 G = R = H = 128; G=32
@@ -27,6 +27,7 @@ from kvjax.formats import KIVISpec
 from pallas_kernels.gpu import decode, mosaic_epilogue as epilogue, mosaic_kivi as mk, window_merge
 
 __all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT", "GROUPED_VARIANT", "GROUPS",
+           "BITS",
            "WINDOWS", "DEFAULT_WINDOW", "auto_window"]
 
 # Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
@@ -57,6 +58,7 @@ DEFAULT_VARIANT = "dequant_denorm_s32_mb"
 # G=128's default 105.6; through ops 130.0 against torch SDPA's 238.9 (Triton's G=32 kernel: 352.0).
 GROUPED_VARIANT = "dequant_denorm_s32_mb_lag0"
 GROUPS = (mk.TILE, 32)  # the group sizes the kernel takes
+BITS = (2, 4)  # and code widths (KIVI-4: session 22, interpreted and compiled for an H200, not yet run natively)
 # Where the residual window's state is made (`decode_attention`'s window). "auto": the window as one more
 # program of the Mosaic kernel wherever the kernel can take it (a `dequant_in_a` variant, 16-bit residual
 # rings), else `window_merge`'s Pallas kernel. Session 16 (H200, same run as torch SDPA,
@@ -122,8 +124,8 @@ def supports(cache) -> str | None:
   if not fmt.is_kivi:
     return f"format {fmt} is not KIVI"
   k, v = fmt.key, fmt.value
-  if not (isinstance(k, KIVISpec) and isinstance(v, KIVISpec) and k.bits == v.bits == 2):
-    return "keys and values must both be KIVI-2"
+  if not (isinstance(k, KIVISpec) and isinstance(v, KIVISpec) and k.bits == v.bits and k.bits in BITS):
+    return f"keys and values must both be KIVI with bits in {BITS}"
   if k.group_size != v.group_size or k.group_size not in GROUPS or fmt.residual != mk.TILE:
     return (f"group sizes must be equal and in {GROUPS}, the residual {mk.TILE}, got {k.group_size}, {v.group_size}, "
             f"{fmt.residual}")
@@ -141,10 +143,10 @@ def repack(cache):
   "words" cache (reshapes); a full pass over the codes for a planar one."""
   if cache.k.layout == "words" and cache.v.layout == "words":
     b, kh, s, _ = cache.v.codes.shape
-    kc, vc = cache.k.codes, cache.v.codes.reshape(b, kh, s // mk.TILE, mk.TILE, 16)
+    kc, vc = cache.k.codes, cache.v.codes.reshape(b, kh, s // mk.TILE, mk.TILE, -1)
   else:
-    kc = mk.pack_keys(quant.unpacked_codes(cache.k))
-    vc = mk.pack_values(quant.unpacked_codes(cache.v))
+    kc = mk.pack_keys(quant.unpacked_codes(cache.k), cache.fmt.key.bits)
+    vc = mk.pack_values(quant.unpacked_codes(cache.v), cache.fmt.value.bits)
   per_token = (lambda x: x[..., 0]) if cache.fmt.value.group_size == mk.TILE else (lambda x: x)  # [B, K, S(, H / G)]
   return kc, cache.k.scale, cache.k.zero, vc, per_token(cache.v.scale), per_token(cache.v.zero)
 
@@ -152,7 +154,7 @@ def repack(cache):
 def _window_keys(kc, ks, kz, tok):
   """Dequantized keys [B, K, R, H] at token indices tok [B, R] from the kernel's key layout."""
   words = jnp.take_along_axis(kc, tok[:, None, :, None], axis=2)  # [B, K, R, 16]
-  codes = mk.unpack_keys(words)
+  codes = mk.unpack_keys(words, kc.shape[-1] // 8)  # 16 words a row: 2-bit, 32: 4-bit
   g = (tok // (kc.shape[2] // ks.shape[2]))[:, None, :, None]  # the token's key group
   s = jnp.take_along_axis(ks, g, axis=2).astype(jnp.float32)
   z = jnp.take_along_axis(kz, g, axis=2).astype(jnp.float32)
@@ -188,8 +190,8 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
                      window: str = DEFAULT_WINDOW, kernel_merge: bool | None = None):
   """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 or 32 cache: T query tokens at positions
   L - T + t (the last T cached; causal among them), N / K x T <= 16 rows per KV head.
-  variant: the kernel's build (`mosaic_kivi.VARIANTS` or an `Options`); None: DEFAULT_VARIANT (G=128) or
-  GROUPED_VARIANT (G=32).
+  variant: the kernel's build (`mosaic_kivi.VARIANTS` or an `Options`); None: DEFAULT_VARIANT (KIVI-2 G=128)
+  or GROUPED_VARIANT (G=32, or 4-bit).
   num_splits: None picks `default_splits`. window (`WINDOWS`), where the residual window's state is
   computed and the states merged: "auto" (`auto_window`: "kernel" where it can), "pallas", the window and the merge in one Pallas kernel
   (`window_merge`); "kernel", the window as one more program of the Mosaic kernel, merged in XLA
@@ -206,7 +208,7 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
     raise ValueError(f"q must be [B, N, T, {cache.head_dim}] with N a multiple of the {kh} KV heads and "
                      f"N / {kh} x T <= {mk.ROWS} query rows per KV head, got {q.shape}")
   b, n, t, h = q.shape
-  grouped = cache.fmt.key.group_size != mk.TILE
+  grouped = cache.fmt.key.group_size != mk.TILE or cache.fmt.key.bits != 2  # GROUPED_VARIANT's cases
   if variant is None:
     variant = GROUPED_VARIANT if grouped else DEFAULT_VARIANT
   opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
@@ -215,7 +217,8 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   if window == "auto":
     window = auto_window(variant, cache.k_res.dtype, cache.v_res.dtype)
   if grouped and window == "pallas":
-    raise ValueError("window 'pallas' (window_merge) reads G=128 key scales; a G=32 cache takes 'kernel' or 'xla'")
+    raise ValueError("window 'pallas' (window_merge) reads 2-bit G=128 keys; a G=32 or 4-bit cache takes 'kernel' "
+                     "or 'xla'")
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
   merge_here = (KERNEL_MERGE and b * kh * (num_splits + 1) <= KERNEL_MERGE_MAX_PROGRAMS
                 if kernel_merge is None else kernel_merge) and window == "kernel" \

@@ -1,10 +1,9 @@
-"""KIVI-2 (G=128) decode states on Mosaic GPU (Pallas `plgpu`), dequantized codes as WGMMA's register A
-operand. `mosaic_decode` runs it over a cache in the "words" layout (`QArray.layout`, the GPU default
-for KIVI-2 G = R = H = 128), which `ops.decode_attention` dispatches there. H200, B=8 32k, Llama-3-8B
-heads: 105.3 us alone with `mosaic_decode.DEFAULT_VARIANT` (session 17, the planes as fp16 subnormals;
-session 16's default 122.8, session 11's first version 192.6; torch SDPA bf16 ~245 us for the whole
-call); since session 15 it stops at the lengths, the splits sharing the live tiles (a 32k cache holding
-1k tokens: 15.1 us instead of 132.5). The planes are unpacked by `mosaic_planes`.
+"""KIVI decode states on Mosaic GPU (Pallas `plgpu`), dequantized codes as WGMMA's register A operand:
+KIVI-2 G=128, and since session 22 G=32 (`mosaic_groups`) and 4-bit codes (KIVI-4). `mosaic_decode` runs
+it over a cache in the "words" layout (`QArray.layout`, the GPU default for KIVI-2 G = 128 or 32, R = H =
+128), which `ops.decode_attention` dispatches there. H200, B=8 32k, Llama-3-8B heads, KIVI-2 G=128:
+105.3 us alone (session 17; torch SDPA bf16 ~245 us a call; history in benchmarks/NOTES_gpu.md). The
+planes are unpacked by `mosaic_planes`.
 
 Why: the Triton kernels reach the tensor cores only through shared-memory round trips of every
 dequantized tile; KIVI-2 issues ~1.1 warp-instructions per cache byte there, and 4.5x the bf16 peer
@@ -26,7 +25,9 @@ Layouts (`pack_keys`, `pack_values`):
   * values [B, K, S / 128, H, 16] uint16: per 128-token tile, channel rows; word j holds the tile's
     tokens j + 16 m at bits 2m (the tile transposed, as the FP8 / INT8 tiled value layout);
   * key scale / zero [B, K, S / 128, H] per channel and 128-token group; value scale / zero [B, K, S]
-    per token (G = H = 128).
+    per token (G = H = 128); at G=32 [B, K, S / 32, H] and [B, K, S, H / 32];
+  * 4-bit codes: 32 words a row, two [rows, 16] word tiles; word 16 t + j holds elements 64 t + j + 16 m
+    (m = 0..3) at bits 4m (`kvjax.packing.pack_words(bits=4)`), so k-slab 4 t + m is plane m of tile t.
 `reference_states` (in `mosaic_kivi_ref`, with the packing) is the jnp reference (same split states as
 `decode.combine` takes, transposed).
 """
@@ -49,7 +50,8 @@ from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
 
 ROWS = 16     # query rows (N of WGMMA), padded; TILE (128) tokens a pipeline step
-PLANES = 8    # 2-bit codes per uint16 word
+SLABS = 8     # [rows, 16] k-slabs of a 128-wide operand
+PLANES = 8    # 2-bit codes per uint16 word (4-bit: 4, two word tiles a row)
 
 
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
@@ -87,6 +89,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     q_rows, q_t = q_t, jax.ShapeDtypeStruct(q_t.shape[:2] + (128, ROWS), jnp.float32)  # the checks' shape
   b, kh, h, n = q_t.shape
   s = kc.shape[2]
+  bits = 4 if kc.ndim == 4 and kc.shape[3] == 32 else 2  # 4-bit: two [rows, 16] word tiles a row
+  wpr, n_wt, per_word = 8 * bits, bits // 2, 16 // bits  # words a row, word tiles, planes a word
   if h != 128 or n != ROWS:
     raise ValueError(f"q_t must be [B, K, 128, {ROWS}], got {q_t.shape}")
   if not isinstance(variant, Options) and variant not in VARIANTS:
@@ -101,8 +105,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if grouped and not opt.dequant_in_a:
     raise ValueError(f"G={group} (ks {ks.shape}) needs a dequant_in_a variant, got {variant!r}")
   per_token = (b, kh, s) + ((h // group,) if grouped else ())
-  expect = {"kc": (b, kh, s, 16), "ks": (b, kh, s // group, h), "kz": (b, kh, s // group, h),
-            "vc": (b, kh, s // TILE, h, 16), "vs": per_token, "vz": per_token}
+  if bits == 4 and not (opt.dequant_in_a and opt.unpack in ("mask", "denorm")):
+    raise ValueError(f"4-bit codes (kc {kc.shape}) need a dequant_in_a variant with unpack 'mask' or 'denorm', "
+                     f"got {variant!r}")
+  expect = {"kc": (b, kh, s, wpr), "ks": (b, kh, s // group, h), "kz": (b, kh, s // group, h),
+            "vc": (b, kh, s // TILE, h, wpr), "vs": per_token, "vz": per_token}
   for name, arr in zip(expect, (kc, ks, kz, vc, vs, vz)):
     if arr.shape != expect[name]:
       raise ValueError(f"{name} must be {expect[name]}, got {arr.shape}")
@@ -149,24 +156,36 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     return l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
 
   def plane_pairs(words, b_ref, add_ref=None, scale_ref=None, magic=None, prescaled=False, glayout="rows"):
-    """(A builder, B slab) per plane; plane m is code (* scale_ref[16 m: 16 m + 16]) (+ add_ref[16 m:
-    16 m + 16]), those [16] vectors per k column, broadcast over the rows. unpack="denorm": the planes
+    """(A builder, B slab) per k-slab; words: the [rows, 16] word tiles of the operand (1, or 2 for 4-bit:
+    slab 4 t + m is plane m of tile t). Slab i is code (* scale_ref[16 i: 16 i + 16]) (+ add_ref[16 i:
+    16 i + 16]), those [16] vectors per k column, broadcast over the rows. unpack="denorm": the planes
     are subnormals, the scales and zeros carry the factors (`denorm_factors`), already there when
     `prescaled` (converted once per tile), else applied to each [16] vector here."""
-    hi = None
+    hi = [None] * len(words)
     if opt.unpack in ("mask", "denorm"):
-      hi = planes.shr10_pairs(words, interpret) if opt.shift32 else lax.shift_right_logical(words, jnp.uint16(10))
+      sh = planes.hi_shift(bits)
+      hi = [planes.shr_pairs(w, sh, interpret) if opt.shift32 else lax.shift_right_logical(w, jnp.uint16(sh))
+            for w in words]
 
-    def a(m):
-      rows = words.shape[0]
+    def a(i):
+      t, m = divmod(i, per_word)
+      w, hw = words[t], hi[t]
+      rows = w.shape[0]
       if opt.unpack == "denorm":
-        f = lambda ref, e: col(ref, m, rows, None if prescaled else jnp.float16(2.0 ** e), glayout)
-        return planes.plane_denorm(words, hi, m) * f(scale_ref, planes.denorm_scale_log2(m)) + f(add_ref, -DENORM_LOG2)
-      x = planes.plane_masked(words, hi, m, magic) if opt.unpack == "mask" else planes.plane(words, m, opt.exact)
+        f = lambda ref, e: col(ref, i, rows, None if prescaled else jnp.float16(2.0 ** e), glayout)
+        return (planes.plane_denorm(w, hw, m, bits) * f(scale_ref, planes.denorm_scale_log2(m, bits))
+                + f(add_ref, -DENORM_LOG2))
+      x = planes.plane_masked(w, hw, m, magic, bits) if opt.unpack == "mask" else planes.plane(w, m, opt.exact)
       if scale_ref is not None:
-        x = x * col(scale_ref, m, rows, glayout=glayout)
-      return x if add_ref is None else x + col(add_ref, m, rows, glayout=glayout)
-    return [(functools.partial(a, m), b_ref.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
+        x = x * col(scale_ref, i, rows, glayout=glayout)
+      return x if add_ref is None else x + col(add_ref, i, rows, glayout=glayout)
+    return [(functools.partial(a, i), b_ref.at[pl.ds(16 * i, 16)]) for i in range(SLABS)]
+
+  wgmma_load = functools.partial(plgpu.load, layout=plgpu.Layout.WGMMA)
+
+  def word_tiles(ref, load):
+    """The [rows, 16] word tiles of a [rows, 16 n_wt] ref, each through load."""
+    return [load(ref)] if n_wt == 1 else [load(ref.at[:, pl.ds(16 * t, 16)]) for t in range(n_wt)]
 
   denorm = opt.unpack == "denorm"
 
@@ -188,10 +207,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   once = opt.scales_once and ks.dtype != jnp.float16
 
   def denorm_factors(n):
-    """unpack="denorm"'s factors for n consecutive k columns (128 a tile: plane m = columns 16 m ..):
-    the scales' 2^(24 - 2j - DENORM_LOG2) (f32 [n], made from the bits: exact) and the zeros' 2^-DENORM_LOG2."""
-    m = lax.broadcasted_iota(jnp.int32, (n,), 0) // 16 % PLANES
-    e = 24 - 2 * jnp.where(m < 5, m, m - 5) - DENORM_LOG2
+    """unpack="denorm"'s factors for n consecutive k columns (128 a tile: slab i = columns 16 i ..):
+    the scales' 2^`planes.denorm_scale_log2` (f32 [n], made from the bits: exact) and the zeros' 2^-DENORM_LOG2."""
+    m = lax.broadcasted_iota(jnp.int32, (n,), 0) // 16 % per_word  # the slab's plane in its word
+    low = 10 // bits  # `planes.hi_shift`: planes from here on are read from w >> (bits low)
+    e = 24 - bits * jnp.where(m < low, m, m - low) - DENORM_LOG2
     return lax.bitcast_convert_type(lax.shift_left(e + 127, 23), jnp.float32), 2.0 ** -DENORM_LOG2
 
   def dequant_step(length, first, pt_smem, q16_smem, s16, magic):
@@ -203,7 +223,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     rows = lambda ref, j, size: ref.at[pl.ds(size * j, size)]
     scales = lambda ref, j, size: ref.at[pl.ds(groups.GROUPS * j, groups.GROUPS)] if grouped else rows(ref, j, size)
     if grouped:  # per-plane factors for `mosaic_groups.regroup`
-      factors = ((tuple(2.0 ** planes.denorm_scale_log2(m) for m in range(PLANES)), (2.0 ** -DENORM_LOG2,) * PLANES)
+      factors = ((tuple(2.0 ** planes.denorm_scale_log2(i % per_word, bits) for i in range(SLABS)),
+                  (2.0 ** -DENORM_LOG2,) * SLABS)
                  if denorm else (None, None))
     else:
       factors = denorm_factors(nt * TILE) if denorm else (None, None)
@@ -231,7 +252,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         ks_s, kz_s = s16[:2]
       with jax.named_scope("kmma"):
         scs = [mma(jnp.zeros((TILE, ROWS), jnp.float32),
-                   plane_pairs(plgpu.load(rows(kc_s, j, TILE), layout=plgpu.Layout.WGMMA), q16_smem,
+                   plane_pairs(word_tiles(rows(kc_s, j, TILE), wgmma_load), q16_smem,
                                scales(kz_s, j, h), scales(ks_s, j, h), magic, once, k_layout)) for j in range(nt)]
       with jax.named_scope("softmax"):
         ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length)
@@ -246,7 +267,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       with jax.named_scope("vmma"):
         pairs = []
         for j in range(nt):
-          pairs += plane_pairs(plgpu.load(rows(vc_s, j, h), layout=plgpu.Layout.WGMMA), rows(pt_smem, j, TILE),
+          pairs += plane_pairs(word_tiles(rows(vc_s, j, h), wgmma_load), rows(pt_smem, j, TILE),
                                scales(vz_s, j, TILE), scales(vs_s, j, TILE), magic, once, v_layout)
         o = mma(o * alpha[None, :], pairs)
       if opt.manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
@@ -281,18 +302,19 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       q_lo[...] = (q - hi.astype(jnp.float32)).astype(rdt)
       plgpu.commit_smem()
       with jax.named_scope("wkeys"):
-        words = gload(kc_g.at[bi, ki, pl.ds(tile * TILE, TILE)], plgpu.Layout.WGMMA)
-        hiw = lax.shift_right_logical(words, jnp.uint16(10))
+        words = word_tiles(kc_g.at[bi, ki, pl.ds(tile * TILE, TILE)], lambda r: gload(r, plgpu.Layout.WGMMA))
+        hiw = [lax.shift_right_logical(w, jnp.uint16(planes.hi_shift(bits))) for w in words]
 
-        def a(m):
-          gcol = lambda ref: (groups.group_fragment(ref.at[bi, ki, pl.ds(tile * groups.GROUPS, groups.GROUPS)], m,
+        def a(i):
+          gcol = lambda ref: (groups.group_fragment(ref.at[bi, ki, pl.ds(tile * groups.GROUPS, groups.GROUPS)], i,
                                                     layout="rows", interpret=interpret) if grouped else
-                              jnp.broadcast_to(gload(ref.at[bi, ki, pl.ds(tile * h + 16 * m, 16)],
+                              jnp.broadcast_to(gload(ref.at[bi, ki, pl.ds(tile * h + 16 * i, 16)],
                                                      plgpu.Layout.WGMMA.reduce(0)).astype(jnp.float16)[None, :],
                                                (TILE, 16)))
-          return planes.plane_masked(words, hiw, m, magic) * gcol(ks_g) + gcol(kz_g)
+          t, m = divmod(i, per_word)
+          return planes.plane_masked(words[t], hiw[t], m, magic, bits) * gcol(ks_g) + gcol(kz_g)
         sc_q = mma(jnp.zeros((TILE, ROWS), jnp.float32),
-                   [(functools.partial(a, m), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)])
+                   [(functools.partial(a, i), q16_smem.at[pl.ds(16 * i, 16)]) for i in range(SLABS)])
         sc_r = jnp.zeros((TILE, ROWS), jnp.float32)
         for part in range(2):
           if part:
@@ -373,7 +395,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         if opt.fold_zeros:
           zsk_smem[...] = planes.zero_over_scale(kz_s[...], ks_s[...])
         elif opt.zero_mma:  # 16 channels of the zero row, broadcast over the tile's tokens
-          extra = [(functools.partial(col, kz_s, m, TILE), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(PLANES)]
+          extra = [(functools.partial(col, kz_s, m, TILE), q16_smem.at[pl.ds(16 * m, 16)]) for m in range(SLABS)]
         else:
           cz = qt * kz_s[...].astype(jnp.float32)[:, None]
           if not opt.exact:
@@ -381,7 +403,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
           ck = jnp.sum(cz, axis=0)[None, :]  # [1, N]
         plgpu.commit_smem()
       with jax.named_scope("kmma"):
-        words = plgpu.load(kc_s, layout=plgpu.Layout.WGMMA)
+        words = [plgpu.load(kc_s, layout=plgpu.Layout.WGMMA)]
         sc = mma(jnp.zeros((TILE, ROWS), jnp.float32),
                  extra + plane_pairs(words, qs_smem, zsk_smem if opt.fold_zeros else None, magic=magic)) + ck
       with jax.named_scope("softmax"):
@@ -402,7 +424,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         l_new = l_update(l_prev, alpha, p)
         plgpu.commit_smem()
       with jax.named_scope("vmma"):
-        words = plgpu.load(vc_s, layout=plgpu.Layout.WGMMA)
+        words = [plgpu.load(vc_s, layout=plgpu.Layout.WGMMA)]
         o = mma(o * alpha[None, :], plane_pairs(words, pt_smem, zsv_smem if opt.fold_zeros else None, magic=magic))
       return o, m_new, l_new, cv
 
@@ -422,8 +444,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     pipe = plgpu.emit_pipeline(
         dequant_step(length, first, pt_smem, q16_smem, s16, magic) if opt.dequant_in_a else step, grid=(steps,),
         max_concurrent_steps=stages, init_carry=init,
-        in_specs=[plgpu.BlockSpec((nt * TILE, 16), lambda t: (first + t, 0), transforms=code_tiles),
-                  plgpu.BlockSpec((nt * h, 16), lambda t: (first + t, 0), transforms=code_tiles),
+        in_specs=[plgpu.BlockSpec((nt * TILE, wpr), lambda t: (first + t, 0), transforms=code_tiles),
+                  plgpu.BlockSpec((nt * h, wpr), lambda t: (first + t, 0), transforms=code_tiles),
                   *[plgpu.BlockSpec(sblock(nt, n_), lambda t: (first + t,) + (0,) * grouped) for n_ in (h, h, TILE, TILE)]])
     def tiles():
       o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
@@ -475,6 +497,6 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if q_scale is not None:
     q_t, extra = q_rows, extra + (jnp.reshape(jnp.asarray(q_scale, jnp.float32), (1,)),)  # a free reshape
   flat = lambda x, n_: x.reshape(b, kh, *sblock(tiles, n_))  # free reshapes
-  res = f(q_t, lengths, magic, kc, vc.reshape(b, kh, tiles * h, 16), flat(ks, h), flat(kz, h),
+  res = f(q_t, lengths, magic, kc, vc.reshape(b, kh, tiles * h, wpr), flat(ks, h), flat(kz, h),
           flat(vs, TILE), flat(vz, TILE), *extra)
   return res if merged is None else res[-1]

@@ -16,23 +16,25 @@ TILE = 128    # tokens per value tile = the kernel's pipeline step
 NEG = -1e30
 
 
-def pack_keys(codes):
-  """Key codes [B, K, S, H=128] (0..3) -> [B, K, S, 16] uint16 (word j: channels j + 16 m):
-  `kvjax.packing.pack_words`, the cache's "words" key layout."""
-  return packing.pack_words(codes)
+def pack_keys(codes, bits: int = 2):
+  """Key codes [B, K, S, H=128] (0..2^bits - 1) -> [B, K, S, 16] uint16 (word j: channels j + 16 m; 4-bit:
+  [B, K, S, 32], word 16 t + j: channels 64 t + j + 16 m): `kvjax.packing.pack_words`, the cache's "words"
+  key layout."""
+  return packing.pack_words(codes, bits)
 
 
-def unpack_keys(words):
-  """Inverse of `pack_keys`: [..., 16] uint16 -> codes [..., 128] uint8 (channel 16 m + j from word j)."""
-  return packing.unpack_words(words)
+def unpack_keys(words, bits: int = 2):
+  """Inverse of `pack_keys`: [..., 128 bits / 16] uint16 -> codes [..., 128] uint8."""
+  return packing.unpack_words(words, bits)
 
 
-def pack_values(codes):
-  """Value codes [B, K, S, H] (0..3) -> [B, K, S / 128, H, 16] uint16 (word j: tile tokens j + 16 m):
-  the cache's "words" value layout (`kvjax.quant.words_layout`) viewed per tile."""
+def pack_values(codes, bits: int = 2):
+  """Value codes [B, K, S, H] -> [B, K, S / 128, H, 128 bits / 16] uint16 (word j: tile tokens j + 16 m, as
+  `pack_keys` along the tile's tokens): the cache's "words" value layout (`kvjax.quant.words_layout`) viewed
+  per tile."""
   b, k, s, h = codes.shape
   tiles = codes.reshape(b, k, s // TILE, TILE, h).swapaxes(-1, -2)  # [.., tile, H, 128 tokens]
-  return packing.pack_words(tiles)
+  return packing.pack_words(tiles, bits)
 
 
 @functools.partial(jax.jit, static_argnames="num_splits")

@@ -174,6 +174,8 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   """
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
+  if cache.k.layout == "words" and cache.fmt.key.bits != 2:  # `store_planes` and the flush write 2-bit planes
+    raise NotImplementedError(f"pallas_gpu append: 'words' codes of {cache.fmt.key.bits} bits (2 only)")
   quants = [w for w in writes if isinstance(w, QuantRows)]
   if not quantize_in_kernel or any(w.new.shape[3] & (w.new.shape[3] - 1) for w in quants):
     writes, quants = cache_lib.lower_quants(cache, writes), []  # quantized by XLA, stored as rows
