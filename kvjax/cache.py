@@ -26,11 +26,11 @@ each tile's bytes are its ``[H, T]`` transpose, which the GPU decode kernel
 reads faster (adjacent token pairs for p.v). Appends store a token's H codes
 at stride T (`RowWrite.tile`); `materialize` undoes the transpose.
 
-KIVI-2 code layout: with H = 128, G = 128 or 32 (R a multiple of 128), the codes may be
+KIVI code layout: with H = 128, G = 128 or 32 (R a multiple of 128), KIVI-2 / KIVI-4 codes may be
 stored as the Mosaic GPU kernel reads them (``QArray.layout == "words"``;
 `init_cache`'s ``kivi_layout``; `default_kivi_layout` picks "words" on GPU
-where that kernel takes the cache: also R = 128 and no sink tokens): uint16 words ``[B, K, S, 16]`` holding 8 codes each (word j of a
-128-code row: elements j + 16 m at bits 2 m, `packing.pack_words`); key rows
+where that kernel is the default: KIVI-2, R = 128 and no sink tokens): uint16 words ``[B, K, S, 16]`` holding 8 codes each (word j of a
+128-code row: elements j + 16 m at bits 2 m, `packing.pack_words`; 4-bit: ``[B, K, S, 32]``, 4 a word); key rows
 are tokens (words along channels), value rows are 128-token tiles transposed
 (row 128 i + h is channel h of tile i, words along its tokens). Appends write
 a value's codes into its tile's bit planes (`rows._scatter_planes`) and a
