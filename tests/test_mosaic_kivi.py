@@ -254,6 +254,29 @@ def test_exact_planes_are_the_codes():
     assert 2.0 ** planes.denorm_scale_log2(m) == 4.0 ** -j * 2.0 ** 24 / 2.0 ** mk.DENORM_LOG2
 
 
+def test_4bit_planes_are_the_codes():
+  """KIVI-4 words (4 codes a uint16, plane m at bits 4m): planes 0-1 from w, 2-3 from w >> 8, masked with
+  0x6400 (the codes themselves) or read as fp16 subnormals (c 16^j 2^-24); the 32-bit pair shift by 8 keeps
+  bits 0-7; the once-per-tile factors are each slab's plane's 2^denorm_scale_log2."""
+  words = jnp.asarray(np.random.default_rng(4).integers(0, 1 << 16, (128, 16)), jnp.uint16)
+  w = np.asarray(words).astype(np.int64)
+  assert planes.hi_shift(4) == 8 and planes.hi_shift(2) == 10
+  hi = planes.shr_pairs(words, 8, interpret=True)
+  np.testing.assert_array_equal(np.asarray(hi).astype(np.int64) & 255, w >> 8)
+  for m in range(4):
+    code = (w >> (4 * m)) & 15
+    np.testing.assert_array_equal(np.asarray(planes.plane_masked(words, hi, m, bits=4), np.float32), code)
+    j = m % 2
+    sub = np.asarray(planes.plane_denorm(words, hi, m, bits=4), np.float64)
+    np.testing.assert_array_equal(sub * 2.0 ** 24 / 16.0 ** j, code)
+    assert 2.0 ** planes.denorm_scale_log2(m, 4) == 16.0 ** -j * 2.0 ** 24 / 2.0 ** mk.DENORM_LOG2
+  for bits in (2, 4):
+    f, z = planes.denorm_factors(256, bits)
+    want = [2.0 ** planes.denorm_scale_log2(i % (16 // bits), bits) for i in range(8)]
+    np.testing.assert_array_equal(np.asarray(f).reshape(2, 8, 16), np.broadcast_to(np.asarray(want)[None, :, None], (2, 8, 16)))
+    assert z == 2.0 ** -mk.DENORM_LOG2
+
+
 def test_32bit_shift_leaves_planes_5_to_7_intact():
   """`Options.shift32`: each pair of words shifted as one 32-bit word puts the high word's bits into the
   low word's bits 6-15, never into bits 0-5, which are all planes 5-7 read."""

@@ -5,10 +5,9 @@ it over a cache in the "words" layout (`QArray.layout`, the GPU default for KIVI
 105.3 us alone (session 17; torch SDPA bf16 ~245 us a call; history in benchmarks/NOTES_gpu.md). The
 planes are unpacked by `mosaic_planes`.
 
-Why: the Triton kernels reach the tensor cores only through shared-memory round trips of every
-dequantized tile; KIVI-2 issues ~1.1 warp-instructions per cache byte there, and 4.5x the bf16 peer
-needs ~0.18 (benchmarks/NOTES_gpu.md). Here one warpgroup per (sequence, KV head, split) computes the
-transposed problem, tokens on WGMMA's M axis (the "folded" presets, default):
+Why: Triton's kernels reach the tensor cores only through shared-memory round trips of each dequantized
+tile (benchmarks/NOTES_gpu.md). Here one warpgroup per (sequence, KV head, split) computes the transposed
+problem, tokens on WGMMA's M axis (the "folded" presets):
 
   S^T [128 tok, N] = (C_K + z_g / s_g) [128 tok, H] . (q * s_g)^T [H, N]
   O^T [H, N]      += (C_V + z_t / s_t)^T [H, 128 tok] . (p * s_t)^T [128 tok, N]
@@ -57,13 +56,14 @@ PLANES = 8    # 2-bit codes per uint16 word (4-bit: 4, two word tiles a row)
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
                  stages: int = 2, variant: str | Options = "folded_lazy", profile_dir: str = "",
                  profile_space: int = 0, window=None, merged=None, q_scale=None, merge_by: str = "count"):
-  """Per-split flash-decoding states of KIVI-2 (G=128 or 32) attention.
+  """Per-split flash-decoding states of KIVI-2 / KIVI-4 (G=128 or 32) attention.
 
   q_t [B, K, H, 16] f32 (queries transposed, scaled by softmax scale x log2 e, rows padded to 16);
-  lengths [B] int32; kc [B, K, S, 16] uint16, ks / kz [B, K, S/G, H]; vc [B, K, S/128, H, 16] uint16,
-  vs / vz [B, K, S] (G=128) or [B, K, S, H/G] (G=32; scales and zeros fp16 or bf16). G (the group, 128 or
-  32: `mosaic_groups`, which needs a `dequant_in_a` variant) is read from the shape of ks. Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16])
-  in f32, m and l in the log2 domain; tokens >= lengths[b] are masked.
+  lengths [B] int32; kc [B, K, S, W] uint16 (W: 16 words a row of 2-bit codes, 32 of 4-bit), ks / kz
+  [B, K, S/G, H]; vc [B, K, S/128, H, W]; vs / vz [B, K, S] (G=128) or [B, K, S, H/G] (G=32); scales and
+  zeros fp16 or bf16. G and the code width are read from the shapes (G=32 and 4-bit need a `dequant_in_a`
+  variant). Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16]) in f32, m and l in the log2 domain;
+  tokens >= lengths[b] are masked.
 
   variant: a name in VARIANTS or an `Options`. profile_dir / profile_space: Mosaic GPU's in-kernel
   profiler (a trace per call under profile_dir; regions kprep, kmma, softmax, vprep, vmma).
@@ -159,7 +159,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     """(A builder, B slab) per k-slab; words: the [rows, 16] word tiles of the operand (1, or 2 for 4-bit:
     slab 4 t + m is plane m of tile t). Slab i is code (* scale_ref[16 i: 16 i + 16]) (+ add_ref[16 i:
     16 i + 16]), those [16] vectors per k column, broadcast over the rows. unpack="denorm": the planes
-    are subnormals, the scales and zeros carry the factors (`denorm_factors`), already there when
+    are subnormals, the scales and zeros carry the factors (`planes.denorm_factors`), already there when
     `prescaled` (converted once per tile), else applied to each [16] vector here."""
     hi = [None] * len(words)
     if opt.unpack in ("mask", "denorm"):
@@ -206,14 +206,6 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
   once = opt.scales_once and ks.dtype != jnp.float16
 
-  def denorm_factors(n):
-    """unpack="denorm"'s factors for n consecutive k columns (128 a tile: slab i = columns 16 i ..):
-    the scales' 2^`planes.denorm_scale_log2` (f32 [n], made from the bits: exact) and the zeros' 2^-DENORM_LOG2."""
-    m = lax.broadcasted_iota(jnp.int32, (n,), 0) // 16 % per_word  # the slab's plane in its word
-    low = 10 // bits  # `planes.hi_shift`: planes from here on are read from w >> (bits low)
-    e = 24 - bits * jnp.where(m < low, m, m - low) - DENORM_LOG2
-    return lax.bitcast_convert_type(lax.shift_left(e + 127, 23), jnp.float32), 2.0 ** -DENORM_LOG2
-
   def dequant_step(length, first, pt_smem, q16_smem, s16, magic):
     """The step of `dequant_in_a` over `tiles_per_step` tiles: codes * scale + zero in the A registers,
     against the fp16 query (stored once) and the fp16 probabilities: one shared-memory store and one
@@ -227,7 +219,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                   (2.0 ** -DENORM_LOG2,) * SLABS)
                  if denorm else (None, None))
     else:
-      factors = denorm_factors(nt * TILE) if denorm else (None, None)
+      factors = planes.denorm_factors(nt * TILE, bits) if denorm else (None, None)
     # grouped: the scales regrouped ("packed") when converted once, else as the cache holds them
     k_layout, v_layout = ("packed", "packed") if once else ("rows", "tokens")
 

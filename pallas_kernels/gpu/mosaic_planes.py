@@ -15,7 +15,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.gpu.mosaic_options import DENORM_LOG2
 
 __all__ = ["plane", "plane_masked", "plane_denorm", "shr10_pairs", "shr_pairs", "hi_shift", "denorm_scale_log2",
-           "zero_over_scale"]
+           "denorm_factors", "zero_over_scale"]
 
 
 def _split(m: int, bits: int):
@@ -95,6 +95,16 @@ def shr_pairs(words, shift: int, interpret: bool):
 def denorm_scale_log2(m: int, bits: int = 2) -> int:
   """log2 of the factor plane m's scales carry under unpack="denorm": 2^-(bits j) 2^24 / 2^DENORM_LOG2."""
   return 24 - bits * _split(m, bits)[1] - DENORM_LOG2
+
+
+def denorm_factors(n: int, bits: int = 2):
+  """unpack="denorm"'s factors for n consecutive k columns (128 a tile: slab i = columns 16 i ..): the scales'
+  2^`denorm_scale_log2` of the slab's plane (f32 [n], made from the bits: exact) and the zeros' 2^-DENORM_LOG2.
+  In a kernel (iota, no constant arrays)."""
+  m = lax.broadcasted_iota(jnp.int32, (n,), 0) // 16 % (16 // bits)  # the slab's plane in its word
+  low = 10 // bits  # `hi_shift`: planes from here on are read from w >> (bits low)
+  e = 24 - bits * jnp.where(m < low, m, m - low) - DENORM_LOG2
+  return lax.bitcast_convert_type(lax.shift_left(e + 127, 23), jnp.float32), 2.0 ** -DENORM_LOG2
 
 
 def zero_over_scale(z, s):
