@@ -204,13 +204,17 @@ def _words_ok(fmt: KVFormat, capacity: int, head_dim: int) -> str | None:
 # in the same run: B=8 32k 130.0 against 352.0 us, B=64 32k 914.9 against 2727.6, B=1 32k 32.0 against 63.6;
 # only B=1 at 1k / 4k is slower, 14.0 / 18.7 against 11.8 / 15.1: benchmarks/NOTES_gpu.md).
 WORDS_DEFAULT_GROUPS = (quant.WORDS_TILE, 32)
-WORDS_DEFAULT_BITS = (2,)  # KIVI-4 reads "words" too (session 22), not yet timed on the device
+# KIVI-4 too since session 23 (H100, through ops, Mosaic against Triton's planar kernel in the same run, us:
+# B=8 32k 204.6 / 350.4, B=64 32k 1537.6 / 2719.3, B=1 32k 34.7 / 63.6, B=8 4k 39.8 / 60.8; only B=1 4k is
+# slower, 19.9 / 16.1: `benchmarks/results/decode_parts/session23/d_decode_s22d_kivi4.json`).
+WORDS_DEFAULT_BITS = (2, 4)
 
 
 def default_kivi_layout(fmt: KVFormat, capacity: int, head_dim: int, backend: str | None = None) -> str:
-  """The KIVI code layout `init_cache` picks: "words" on GPU where the Mosaic KIVI-2 kernel reads it
-  (KIVI-2, G in WORDS_DEFAULT_GROUPS, R = H = 128, no sink tokens; `pallas_kernels.gpu.mosaic_decode`), else "" (planar:
-  what the Triton and TPU kernels read). `backend`: default `jax.default_backend()`."""
+  """The KIVI code layout `init_cache` picks: "words" on GPU where the Mosaic KIVI kernel reads it
+  (bits in WORDS_DEFAULT_BITS, G in WORDS_DEFAULT_GROUPS, R = H = 128, no sink tokens;
+  `pallas_kernels.gpu.mosaic_decode`), else "" (planar: what the Triton and TPU kernels read).
+  `backend`: default `jax.default_backend()`."""
   backend = jax.default_backend() if backend is None else backend
   if (backend == "gpu" and _words_ok(fmt, capacity, head_dim) is None and fmt.residual == quant.WORDS_TILE
       and not fmt.sink and fmt.key.group_size in WORDS_DEFAULT_GROUPS and fmt.key.bits in WORDS_DEFAULT_BITS):

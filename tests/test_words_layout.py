@@ -133,7 +133,8 @@ def test_default_layout_per_backend_and_format():
   assert kvcache.default_kivi_layout(f, 1024, 128, backend="cpu") == ""
   assert kvcache.default_kivi_layout(f, 1024, 256, backend="gpu") == ""  # Gemma's head_dim
   assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 128, backend="gpu") == "words"  # G=32
-  assert kvcache.default_kivi_layout(formats.preset("kivi4"), 1024, 128, backend="gpu") == ""
+  assert kvcache.default_kivi_layout(formats.preset("kivi4"), 1024, 128, backend="gpu") == "words"
+  assert kvcache.default_kivi_layout(formats.preset("kivi4"), 1024, 128, backend="cpu") == ""
   assert kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, H, kivi_layout="words").k.layout == "words"
   assert kvcache.default_kivi_layout(formats.preset("fp8_e4m3"), 1024, 128, backend="gpu") == ""
   assert kvcache.init_cache(f, 1, 1, 256, 128).k.layout == ("words" if jax.default_backend() == "gpu" else "")

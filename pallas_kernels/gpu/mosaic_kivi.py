@@ -41,14 +41,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_planes as planes
+from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_kivi_checks as checks
+from pallas_kernels.gpu import mosaic_planes as planes
 from pallas_kernels.gpu.mosaic_common import balanced_range, wgmma_sum
 from pallas_kernels.gpu.mosaic_kivi_ref import NEG, TILE, pack_keys, pack_values, reference_states, unpack_keys
 from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 
 __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
 
-ROWS = 16     # query rows (N of WGMMA), padded; TILE (128) tokens a pipeline step
+ROWS = checks.ROWS  # query rows (N of WGMMA), padded; TILE (128) tokens a pipeline step
 SLABS = 8     # [rows, 16] k-slabs of a 128-wide operand
 PLANES = 8    # 2-bit codes per uint16 word (4-bit: 4, two word tiles a row)
 
@@ -84,53 +85,15 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   (`mosaic_epilogue.load_query_t`: no XLA op before the call).
   """
   if q_scale is not None:
-    if q_t.ndim != 4 or q_t.shape[3] != 128 or not 1 <= q_t.shape[2] <= ROWS:
-      raise ValueError(f"with q_scale, q_t must be the query rows [B, K, rows <= {ROWS}, 128], got {q_t.shape}")
     q_rows, q_t = q_t, jax.ShapeDtypeStruct(q_t.shape[:2] + (128, ROWS), jnp.float32)  # the checks' shape
-  b, kh, h, n = q_t.shape
-  s = kc.shape[2]
-  bits = 4 if kc.ndim == 4 and kc.shape[3] == 32 else 2  # 4-bit: two [rows, 16] word tiles a row
+  opt = checks.options(variant)
+  b, kh, h, s, bits, group, n_states = checks.check(q_t, q_rows if q_scale is not None else None, kc, ks, kz,
+                                                    vc, vs, vz, opt=opt, variant=variant, num_splits=num_splits,
+                                                    window=window, merged=merged, merge_by=merge_by)
   wpr, n_wt, per_word = 8 * bits, bits // 2, 16 // bits  # words a row, word tiles, planes a word
-  if h != 128 or n != ROWS:
-    raise ValueError(f"q_t must be [B, K, 128, {ROWS}], got {q_t.shape}")
-  if not isinstance(variant, Options) and variant not in VARIANTS:
-    raise ValueError(f"variant must be an Options or one of {tuple(VARIANTS)}, got {variant!r}")
-  opt = variant if isinstance(variant, Options) else VARIANTS[variant]
-  whole = num_splits if not opt.balance else 1  # balanced splits share the live steps: any count
-  if num_splits < 1 or s % (TILE * whole * opt.tiles_per_step):
-    raise ValueError(f"the capacity {s} must be a multiple of {TILE} x tiles_per_step ({opt.tiles_per_step})"
-                     + ("" if opt.balance else f" x num_splits ({num_splits})") + f", num_splits >= 1")
-  group = groups.GROUP if ks.ndim == 4 and ks.shape[2] == s // groups.GROUP else TILE
   grouped = group != TILE
-  if grouped and not opt.dequant_in_a:
-    raise ValueError(f"G={group} (ks {ks.shape}) needs a dequant_in_a variant, got {variant!r}")
-  per_token = (b, kh, s) + ((h // group,) if grouped else ())
-  if bits == 4 and not (opt.dequant_in_a and opt.unpack in ("mask", "denorm")):
-    raise ValueError(f"4-bit codes (kc {kc.shape}) need a dequant_in_a variant with unpack 'mask' or 'denorm', "
-                     f"got {variant!r}")
-  expect = {"kc": (b, kh, s, wpr), "ks": (b, kh, s // group, h), "kz": (b, kh, s // group, h),
-            "vc": (b, kh, s // TILE, h, wpr), "vs": per_token, "vz": per_token}
-  for name, arr in zip(expect, (kc, ks, kz, vc, vs, vz)):
-    if arr.shape != expect[name]:
-      raise ValueError(f"{name} must be {expect[name]}, got {arr.shape}")
   if window is not None:
     w_len, k_res, v_res, w_queries = window
-    if not opt.dequant_in_a:
-      raise ValueError(f"window needs a dequant_in_a variant, got {variant!r}")
-    if k_res.shape != (b, kh, TILE, h) or v_res.shape != k_res.shape or w_len.shape != (b,):
-      raise ValueError(f"window: k_res and v_res must be {(b, kh, TILE, h)} and lengths [{b}], got "
-                       f"{k_res.shape}, {v_res.shape}, {w_len.shape}")
-    if k_res.dtype not in (jnp.bfloat16, jnp.float16) or v_res.dtype not in (jnp.bfloat16, jnp.float16):
-      raise ValueError(f"window: k_res and v_res must be bfloat16 or float16 (WGMMA operands), got "
-                       f"{k_res.dtype}, {v_res.dtype}")
-    if not 1 <= w_queries <= ROWS:
-      raise ValueError(f"window: the query tokens T must be in [1, {ROWS}], got {w_queries}")
-  n_states = num_splits + (window is not None)
-  if merged is not None and not (1 <= merged[0] <= ROWS and epilogue.cluster_merge_ok(n_states)):
-    raise ValueError(f"merged: rows must be in [1, {ROWS}] and the states 2..{epilogue.CLUSTER_MAX}, "
-                     f"got rows {merged[0]}, {n_states} states")
-  if merge_by not in epilogue.MERGES:
-    raise ValueError(f"merge_by must be one of {epilogue.MERGES}, got {merge_by!r}")
   per = s // TILE // num_splits
   # a tile's scale entries: G=128 [128] (keys: per channel, values: per token); G=32 [4, 128] (TMA's boxes
   # take at most 256 a dimension: `mosaic_groups`)
@@ -205,6 +168,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     return [jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0) for ok, sc in zip(oks, scs)], m_new, alpha
 
   once = opt.scales_once and ks.dtype != jnp.float16
+  # the f32 query, the scaled fp16 query and the zero rows in shared memory for the whole program: the
+  # steps without `dequant_in_a` read them every tile; the dequant steps read only the fp16 query (12.5 KB
+  # less: KIVI-4's 4-bit word tiles then fit 4 programs per SM)
+  resident = not opt.dequant_in_a
 
   def dequant_step(length, first, pt_smem, q16_smem, s16, magic):
     """The step of `dequant_in_a` over `tiles_per_step` tiles: codes * scale + zero in the A registers,
@@ -267,7 +234,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       return o, m_new, l_new, cv
     return step
 
-  def window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, q16_smem, bar, magic):
+  def window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, fetch_query, q16_smem, bar, magic):
     """The residual window's state (o [H, N], m, l [N]): ring slot i < L % 128 holds token Lq + i (key
     `k_res[i]`), slot i >= L % 128 token Lq - 128 + i (key row i of the quantized tile Lq / 128 - 1;
     present iff Lq >= 128), value `v_res[i]` either way (`window_merge`'s rule). Both key sources are
@@ -286,9 +253,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     half = TILE // 2
     rdt = k_res.dtype
 
-    def keys(kbuf, q_hi, q_lo):
+    def keys(kbuf, q_hi, q_lo, *q32):  # q32: the f32 query fetched again (when no resident copy)
+      if q32:
+        fetch_query(q32[0])
       plgpu.copy_gmem_to_smem(kres_g.at[bi, ki, :, pl.ds(0, half)], kbuf, bar)
-      q = q_smem[...]
+      q = (q32[0] if q32 else q_smem)[...]
       hi = q.astype(rdt)
       q_hi[...] = hi
       q_lo[...] = (q - hi.astype(jnp.float32)).astype(rdt)
@@ -317,7 +286,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       return sc_q, sc_r
     sc_q, sc_r = pl.run_scoped(keys, plgpu.SMEM((TILE, half), rdt, transforms=code_tiles),
                                plgpu.SMEM((h, ROWS), rdt, transforms=b_tiles),
-                               plgpu.SMEM((h, ROWS), rdt, transforms=b_tiles))
+                               plgpu.SMEM((h, ROWS), rdt, transforms=b_tiles),
+                               *(() if q_smem is not None else (plgpu.SMEM((h, ROWS), jnp.float32),)))
     slot = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
     from_res = slot < rem
     token = jnp.where(from_res, lq + slot, lq - TILE + slot)
@@ -352,7 +322,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     (q_g, len_g, magic_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g), win_refs = refs[:9], refs[9:9 + 3 * (window is not None)]
     lw_g, kres_g, vres_g = win_refs if window is not None else (None,) * 3
     outs = refs[n_in:n_in + 3 + (merged is not None)]
-    qs_smem, pt_smem, q_smem, q16_smem, zsk_smem, zsv_smem, s16, bar, *sync = refs[n_in + len(outs):]
+    pt_smem, q16_smem, s16, bar, *rest = refs[n_in + len(outs):]
+    qs_smem, q_smem, zsk_smem, zsv_smem, *sync = rest if resident else [None] * 4 + rest
     counters = None if merged is None else epilogue.merge_counters(merge_by, b, kh)  # once: both branches' count
 
     def emit(o, m, l):  # this program's state: to the outputs, or into the in-kernel merge
@@ -363,15 +334,29 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         epilogue.merge_states(o, m, l, outs[:3], outs[3], sync, counters, merge_by=merge_by,
                               num_splits=n_states, interpret=interpret)
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
-    if q_scale is None:
-      plgpu.copy_gmem_to_smem(q_g.at[bi, ki], q_smem, bar)
-      plgpu.barrier_wait(bar)
-    else:  # the caller's rows; the scale is the last input
-      epilogue.load_query_t(q_g.at[bi, ki], refs[n_in - 1][0], q_smem, bar, interpret=interpret)
-    q_reg = None if opt.q_in_smem else q_smem[...]  # [H, N]
-    if opt.zero_mma or opt.dequant_in_a:
-      q16_smem[...] = q_smem[...].astype(jnp.float16)
+    def fetch_query(dst):  # the query [H, N] (x the scale), in dst's dtype
+      if q_scale is not None:  # the caller's rows; the scale is the last input
+        epilogue.load_query_t(q_g.at[bi, ki], refs[n_in - 1][0], dst, bar, interpret=interpret)
+      elif dst.dtype == jnp.float32:
+        plgpu.copy_gmem_to_smem(q_g.at[bi, ki], dst, bar)
+        plgpu.barrier_wait(bar)
+      else:
+        pl.run_scoped(via_f32, plgpu.SMEM((h, ROWS), jnp.float32))
+
+    def via_f32(q32):
+      fetch_query(q32)
+      store_fp16(q32)
+
+    def store_fp16(q32):
+      q16_smem[...] = q32[...].astype(jnp.float16)
       plgpu.commit_smem()
+    if resident:
+      fetch_query(q_smem)
+      if opt.zero_mma:
+        store_fp16(q_smem)
+    else:  # the fp16 query alone lives through the loop (the f32 one in a scope the pipeline reuses)
+      fetch_query(q16_smem)
+    q_reg = None if opt.q_in_smem or not resident else q_smem[...]  # [H, N]
     length = len_g[bi]
     magic = magic_g[0].astype(jnp.uint16) if opt.opaque_magic else None
 
@@ -451,7 +436,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       emit(o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :], m_f, l_f)
 
     def window_program():
-      emit(*window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, q16_smem, bar, magic))
+      emit(*window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, fetch_query, q16_smem, bar,
+                         magic))
 
     if window is None:
       tiles()
@@ -471,13 +457,12 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   f = plgpu.kernel(
       body,
       out_type=out_type, **mesh,
-      scratch_types=[plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
-                     plgpu.SMEM((opt.tiles_per_step * TILE, ROWS), jnp.float16, transforms=b_tiles),
-                     plgpu.SMEM((h, ROWS), jnp.float32),
+      scratch_types=[plgpu.SMEM((opt.tiles_per_step * TILE, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
-                     plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16),
                      [plgpu.SMEM(sblock(opt.tiles_per_step, n_), jnp.float16) for n_ in (h, h, TILE, TILE)] if once else [],
                      plgpu.Barrier(num_arrivals=1),
+                     *((plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles), plgpu.SMEM((h, ROWS), jnp.float32),
+                        plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16)) if resident else ()),
                      *(() if merged is None else epilogue.merge_scratch(merge_by))],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                            approx_math=opt.approx_math,
