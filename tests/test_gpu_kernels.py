@@ -404,7 +404,9 @@ KIVI_FLUSH_FORMATS = {"kivi2": formats.preset("kivi2"), "kivi4": formats.preset(
                       # codes into their bit planes; R = 256 is two key groups a block
                       "kivi2_g128+words": formats.preset("kivi2_g128"),
                       "kivi2_g128_sink3+words": formats.kivi(2, 128, 128, sink=3),
-                      "kivi2_g128_r256+words": formats.kivi(2, 128, 256)}
+                      "kivi2_g128_r256+words": formats.kivi(2, 128, 256),
+                      # 4-bit words: 4 codes a word, two 16-word tiles a row (session 23)
+                      "kivi4+words": formats.preset("kivi4"), "kivi4_g128+words": formats.kivi(4, 128, 128)}
 
 
 def _stale_words(c):
@@ -443,10 +445,11 @@ def test_pallas_kivi_key_flush_equals_xla(fmt_name):
   np.testing.assert_array_equal(changed, flushed)
 
 
-def test_pallas_append_words_planes_share_words():
+@pytest.mark.parametrize("fmt", [formats.preset("kivi2_g128"), formats.kivi(4, 128, 128)], ids=["kivi2", "kivi4"])
+def test_pallas_append_words_planes_share_words(fmt):
   """T = 20 tokens in one append into a "words" cache: tokens 16 apart share their value words
   (different bit planes), so each store must keep the others' bits; == XLA scatters, bit for bit."""
-  c = _stale_words(cache_lib.init_cache(formats.preset("kivi2_g128"), 2, 1, 256, 128, kivi_layout="words"))
+  c = _stale_words(cache_lib.init_cache(fmt, 2, 1, 256, 128, kivi_layout="words"))
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 1, 128, 128))
   c = cache_lib.append(c, x, x, jnp.asarray([3, 110]))  # the second crosses a tile (and key block) end
   y = jax.random.normal(jax.random.PRNGKey(1), (2, 1, 20, 128))

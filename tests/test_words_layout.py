@@ -107,9 +107,9 @@ def test_cache_in_words_layout_holds_the_same_tokens(fmt):
   assert np.asarray(words.lengths).tolist() == [253, 153, 195]
 
 
-@pytest.mark.parametrize("fmt", ["kivi2_g128", "kivi2"])
+@pytest.mark.parametrize("fmt", [formats.preset(n) for n in ("kivi2_g128", "kivi2", "kivi4")] + [formats.kivi(4, 128, 128)],
+                         ids=["kivi2_g128", "kivi2", "kivi4", "kivi4_g128"])
 def test_jitted_stacked_append_in_words_layout(fmt):
-  fmt = formats.preset(fmt)
   rng = np.random.default_rng(1)
   kw = dict(num_layers=2)
   planar = kvcache.init_cache(fmt, 2, 1, 256, H, kivi_layout="", **kw)
@@ -166,10 +166,6 @@ def test_writers_and_kernels_that_decline_fall_back():
   ref = dispatch.decode_attention(q, out, implementation="xla")
   np.testing.assert_array_equal(np.asarray(dispatch.decode_attention(q, out, implementation=("pallas_gpu", "xla"))),
                                 np.asarray(ref))
-  _, words4 = _pair(2, 256, kv_heads=1, stale=False, fmt="kivi4")  # the one-kernel writer stores 2-bit planes only
-  with pytest.raises(NotImplementedError, match="'words' codes of 4 bits"):
-    write.write_rows(words4, [], interpret=True)
-  _same_tokens(kvcache.append(words4, kv, kv), dispatch.append(words4, kv, kv, implementation=("pallas_gpu", "xla")))
 
 
 def test_default_splits():

@@ -121,7 +121,7 @@ def flush_keys(b, h, lengths_ref, count_ref, new_ref, codes_ref, scale_ref, zero
 
   Refs: lengths, count ``[B]`` int32 (lengths before the append); new ``[B, K, T, H]`` keys;
   the aliased leaves codes ``[B, K, S / n, H]`` uint8 (n codes per byte; `words`: the "words"
-  layout's ``[B, K, S, 16]`` uint16, `kvjax.packing.pack_words` per token row), scale and zero
+  layout's ``[B, K, S, 8 bits]`` uint16, `kvjax.packing.pack_words` per token row), scale and zero
   ``[B, K, S / G, H]``, res ``[B, K, R, H]`` (read before it is rewritten).
   `barrier`: a CTA barrier between reading the residual and rewriting it (GPU).
   """
@@ -179,16 +179,18 @@ def flush_keys(b, h, lengths_ref, count_ref, new_ref, codes_ref, scale_ref, zero
       return s.astype(f32), mn.astype(f32)
 
     code_of = lambda x, sf, zf: jnp.clip(div_round(x - zf, sf), 0, qmax).astype(jnp.int32)
-    if words:  # per group: 8 slabs of 16 channels, slab m at bits 2m of the group's [G, 16] words
-      width = hd // 8
+    if words:  # per group: 8 slabs of 16 channels; slab m at bits `bits` (m % n) of word tile m // n of the
+      # group's [G, 8 bits] words (n = 16 / bits codes a word)
+      width, n = hd // 8, 16 // bits
       for g in range(r_len // g_len):
-        packed = None
+        packed = [None] * (8 // n)
         for m in range(8):
           x, _ = block_rows(g * g_len, g_len, m * width, width)
           sf, zf = group_stats(x, blk * (r_len // g_len) + g, pl.ds(m * width, width))
-          code = code_of(x, sf, zf) << (2 * m)
-          packed = code if packed is None else packed | code
-        codes_ref[b, h, pl.ds(lq + g * g_len, g_len), :] = packed.astype(codes_ref.dtype)
+          code = code_of(x, sf, zf) << (bits * (m % n))
+          packed[m // n] = code if packed[m // n] is None else packed[m // n] | code
+        for t, words_t in enumerate(packed):
+          codes_ref[b, h, pl.ds(lq + g * g_len, g_len), pl.ds(16 * t, 16)] = words_t.astype(codes_ref.dtype)
     else:
       cols = pl.ds(0, hd)
       stats = [group_stats(block_rows(g * g_len, g_len)[0], blk * (r_len // g_len) + g, cols)

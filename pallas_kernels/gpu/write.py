@@ -115,15 +115,18 @@ def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
       else:
         out[b, h, pl.ds(r, 1), :] = val.astype(out.dtype)
 
-  def store_planes(out, p, code, shared):  # out [B, K, S, 16] "words" values; code [128, 1]: token p's
-    w = quant.WORDS_TILE
+  def store_planes(out, p, code, shared, bits):  # out [B, K, S, 8 bits] "words" values; code [128, 1]:
+    # token p's. Token e = p % 128 of its tile sits in word 16 (e // (16 n)) + e % 16 of each channel row, at
+    # bits `bits` ((e // 16) % n) (n = 16 / bits codes a word: `kvjax.packing.pack_words`)
+    w, n = quant.WORDS_TILE, 16 // bits
 
     @pl.when((p >= 0) & (p < out.shape[2]))
     def _store():
-      rows_, col = pl.ds(p // w * w, w), pl.ds(p % 16, 1)  # channel h of tile p // w: row w (p // w) + h
-      shift = 2 * ((p % w) // 16)
+      e = p % w
+      rows_, col = pl.ds(p // w * w, w), pl.ds(16 * (e // (16 * n)) + e % 16, 1)  # channel h: row w (p // w) + h
+      shift = bits * ((e // 16) % n)
       old = out[b, h, rows_, col].astype(jnp.int32)
-      val = (old & ~(3 << shift)) | (code.astype(jnp.int32) << shift)
+      val = (old & ~(((1 << bits) - 1) << shift)) | (code.astype(jnp.int32) << shift)
       out[b, h, rows_, col] = val.astype(out.dtype)
       if barrier and shared:  # a later token of this write may share these words (16 tokens on)
         plgpu.debug_barrier()
@@ -133,7 +136,7 @@ def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
       new = new_refs[i]  # [B, K, X, n] for a tiled leaf or planes, else [B, K, n, X]
       val = new[b, h, :, pl.ds(j, 1)] if tiles[i] or planes[i] else new[b, h, pl.ds(j, 1), :]
       if planes[i]:
-        store_planes(out_refs[i], pos_refs[i][b, j], val, rows[i] > 16)
+        store_planes(out_refs[i], pos_refs[i][b, j], val, rows[i] > 16, planes[i])
       else:
         store(out_refs[i], pos_refs[i][b, j], tiles[i], val)
   for i, (spec, tile, in_planes, outs) in enumerate(quants):
@@ -146,7 +149,7 @@ def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
       codes, *per_token = _quantize_row(x, spec)
       r = qpos_refs[i][b, j]
       if in_planes:
-        store_planes(codes_out, r, codes, n_tok > 16)
+        store_planes(codes_out, r, codes, n_tok > 16, spec.bits)
       else:
         store(codes_out, r, tile, codes)
       for out, val in zip(scale_outs, per_token):
@@ -174,8 +177,6 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   """
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
-  if cache.k.layout == "words" and cache.fmt.key.bits != 2:  # `store_planes` and the flush write 2-bit planes
-    raise NotImplementedError(f"pallas_gpu append: 'words' codes of {cache.fmt.key.bits} bits (2 only)")
   quants = [w for w in writes if isinstance(w, QuantRows)]
   if not quantize_in_kernel or any(w.new.shape[3] & (w.new.shape[3] - 1) for w in quants):
     writes, quants = cache_lib.lower_quants(cache, writes), []  # quantized by XLA, stored as rows
