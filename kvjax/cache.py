@@ -261,8 +261,8 @@ def init_cache(fmt: KVFormat, batch: int, num_kv_heads: int, capacity: int, head
     value_tile: layout of FP8 / INT8 value codes (see the module docstring): 0 token-major, T > 0
       tiles of T tokens; None: `default_value_tile` (VALUE_TILE on GPU).
     kivi_layout: layout of KIVI codes (`QArray.layout`): "" planar, "words" the Mosaic GPU
-      kernel's uint16 words (KIVI-2, G = 128 or 32, R a multiple of 128, H = 128); None: `default_kivi_layout` ("words" on GPU
-      where the kernel takes the format).
+      kernel's uint16 words (KIVI-2 / KIVI-4, G = 128 or 32, R a multiple of 128, H = 128); None:
+      `default_kivi_layout` ("words" on GPU where the kernel takes the format).
   """
   for name, val in (("batch", batch), ("num_kv_heads", num_kv_heads), ("capacity", capacity),
                     ("head_dim", head_dim)):

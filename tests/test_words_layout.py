@@ -163,6 +163,9 @@ def test_writers_and_kernels_that_decline_fall_back():
     ops.decode_attention(q[:, :, :1], out, block=64)
   with pytest.raises(NotImplementedError, match="soft-cap or sliding window"):
     ops.decode_attention(q[:, :, :1], out, logit_softcap=30.0)
+  _, words4 = _pair(2, 256, kv_heads=1, stale=False, fmt="kivi4")  # compiled, the writer stores 2-bit words only
+  with pytest.raises(NotImplementedError, match=r"'words' codes of 4 bits natively"):
+    write.write_rows(words4, [], interpret=False)
   ref = dispatch.decode_attention(q, out, implementation="xla")
   np.testing.assert_array_equal(np.asarray(dispatch.decode_attention(q, out, implementation=("pallas_gpu", "xla"))),
                                 np.asarray(ref))

@@ -66,6 +66,14 @@ _FLUSH_LEAVES = ("k.codes", "k.scale", "k.zero", "k_res")
 FLUSH_IN_KERNEL_GROUPS = frozenset({32, 128})
 
 
+# The code widths of "words" caches the one-kernel writer stores when compiled for the GPU. 4-bit words
+# (`store_planes` and the key flush's two word tiles, session 23) equal the XLA scatters bit for bit in
+# interpret mode, but on an H100 neither their native test nor the step timing finished within its time
+# limit (`benchmarks/results/decode_parts/session23/e_pytest.txt`, `e_log.txt`), so natively they take the
+# XLA scatters (`dispatch.append` falls back) until a device run checks them.
+NATIVE_WORDS_BITS = (2,)
+
+
 def flush_in_kernel_default(fmt) -> bool:
   """Whether `write_rows` quantizes `fmt`'s KIVI key blocks in the kernel by default."""
   return fmt.is_kivi and fmt.key.group_size in FLUSH_IN_KERNEL_GROUPS
@@ -177,6 +185,9 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   """
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
+  if cache.k.layout == "words" and not interpret and cache.fmt.key.bits not in NATIVE_WORDS_BITS:
+    raise NotImplementedError(f"pallas_gpu append: 'words' codes of {cache.fmt.key.bits} bits natively "
+                              f"(NATIVE_WORDS_BITS: {NATIVE_WORDS_BITS}; interpreted, any)")
   quants = [w for w in writes if isinstance(w, QuantRows)]
   if not quantize_in_kernel or any(w.new.shape[3] & (w.new.shape[3] - 1) for w in quants):
     writes, quants = cache_lib.lower_quants(cache, writes), []  # quantized by XLA, stored as rows
