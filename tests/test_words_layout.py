@@ -107,8 +107,9 @@ def test_cache_in_words_layout_holds_the_same_tokens(fmt):
   assert np.asarray(words.lengths).tolist() == [253, 153, 195]
 
 
-@pytest.mark.parametrize("fmt", [formats.preset(n) for n in ("kivi2_g128", "kivi2", "kivi4")] + [formats.kivi(4, 128, 128)],
-                         ids=["kivi2_g128", "kivi2", "kivi4", "kivi4_g128"])
+# 2-bit only: interpreted, the stacked writer takes ~2 min and GBs a case (the 4-bit words writer: the
+# "+words" key flush and shared-words tests in test_gpu_kernels.py)
+@pytest.mark.parametrize("fmt", [formats.preset(n) for n in ("kivi2_g128", "kivi2")], ids=["kivi2_g128", "kivi2"])
 def test_jitted_stacked_append_in_words_layout(fmt):
   rng = np.random.default_rng(1)
   kw = dict(num_layers=2)

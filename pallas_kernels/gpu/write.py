@@ -131,8 +131,11 @@ def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
     @pl.when((p >= 0) & (p < out.shape[2]))
     def _store():
       e = p % w
-      rows_, col = pl.ds(p // w * w, w), pl.ds(16 * (e // (16 * n)) + e % 16, 1)  # channel h: row w (p // w) + h
-      shift = bits * ((e // 16) % n)
+      if 16 * n == w:  # 2-bit: one word tile (the fewer ops keep the kernel's IR as it was)
+        word, shift = e % 16, bits * (e // 16)
+      else:
+        word, shift = 16 * (e // (16 * n)) + e % 16, bits * ((e // 16) % n)
+      rows_, col = pl.ds(p // w * w, w), pl.ds(word, 1)  # channel h of tile p // w: row w (p // w) + h
       old = out[b, h, rows_, col].astype(jnp.int32)
       val = (old & ~(((1 << bits) - 1) << shift)) | (code.astype(jnp.int32) << shift)
       out[b, h, rows_, col] = val.astype(out.dtype)
