@@ -401,12 +401,11 @@ def test_packed_unpack_needs_a_gpu():
 
 KIVI_FLUSH_FORMATS = {"kivi2": formats.preset("kivi2"), "kivi4": formats.preset("kivi4"),
                       "kivi2_g128": formats.preset("kivi2_g128"), "kivi4_sink3": formats.kivi(4, 32, 128, sink=3),
-                      # the "words" layout (`QArray.layout`): key blocks packed per token row, value
-                      # codes into their bit planes; R = 256 is two key groups a block
+                      # "words" (`QArray.layout`): key blocks packed per token row, value codes into their bit
+                      # planes; R = 256 is two key groups a block; 4-bit: 4 codes a word, two word tiles a row
                       "kivi2_g128+words": formats.preset("kivi2_g128"),
                       "kivi2_g128_sink3+words": formats.kivi(2, 128, 128, sink=3),
                       "kivi2_g128_r256+words": formats.kivi(2, 128, 256),
-                      # 4-bit words: 4 codes a word, two 16-word tiles a row (session 23)
                       "kivi4+words": formats.preset("kivi4"), "kivi4_g128+words": formats.kivi(4, 128, 128)}
 
 
