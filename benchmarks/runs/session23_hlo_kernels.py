@@ -22,9 +22,10 @@ with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abst
   c = jax.jit(lambda q_, c_: ops.decode_attention(q_, c_, interpret=False)).trace(q, cache).lower().compile()
 txt = c.as_text()
 entry = txt[txt.index("ENTRY"):]
-ops_ = re.findall(r"= \S+ (fusion|custom-call|copy|transpose|dynamic-update-slice|scatter|reduce)\(", entry)
-print(fmt_name, b, ctx, "kernels:", len(ops_))
+launches = []
 for line in entry.splitlines():
   if re.search(r" (fusion|custom-call|copy|transpose|scatter|reduce)\(", line):
     m = re.search(r"(custom_call_target=\"[^\"]+\"|calls=%[\w.\-]+|kind=k\w+)", line)
-    print("  ", line.split("=")[0].strip()[:40], line.split("(")[0].split()[-1], m.group(1) if m else "")
+    launches.append(f"   {line.split('=')[0].strip()[:40]} {m.group(1) if m else ''}")
+print(fmt_name, b, ctx, "launches:", len(launches))
+print("\n".join(launches))
