@@ -47,6 +47,10 @@ from decode_report import BF16_PEERS, KV_FORMATS, merge_and_plot, plot, save, su
 
 SHAPE = SHAPES["llama3_8b"]  # the timed head shape; main() sets it from --shape
 WINDOW = None  # sliding window of the kvjax kernels (Gemma local layers); main() sets it from --window
+# The appended tokens' dtype: a bf16 model's k / v (`kvjax.module`'s projections, the bf16 peer's rows). Until
+# session 24 the steps appended float32 tokens, which a KIVI append first rounds to its bf16 residual: two
+# more XLA fusions before the writer. main() sets it from --token-dtype.
+TOKEN_DTYPE = jnp.bfloat16
 L2_BYTES = 60e6
 
 
@@ -121,8 +125,8 @@ def chain(q, out):
 
 
 def new_token(out, b):
-  """A fresh [B, K, 1, H] key/value derived from the output (the step's data dependence)."""
-  return out.reshape(b, SHAPE.k_heads, SHAPE.rep, 1, SHAPE.head_dim)[:, :, 0].astype(jnp.float32)
+  """A fresh [B, K, 1, H] key/value derived from the output (the step's data dependence), in TOKEN_DTYPE."""
+  return out.reshape(b, SHAPE.k_heads, SHAPE.rep, 1, SHAPE.head_dim)[:, :, 0].astype(TOKEN_DTYPE)
 
 
 def steps_for(us_guess):
@@ -371,6 +375,8 @@ def main():
                   help="head shape (gemma2_2b: 8 query / 4 KV heads, head_dim 256, soft-cap 50)")
   ap.add_argument("--window", type=int, help="sliding window of the kvjax kernels (peers: none)")
   ap.add_argument("--step-batches", default="8", help="batches whose full step and append are timed")
+  ap.add_argument("--token-dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                  help="dtype of the tokens the timed steps append (a bf16 model's k / v by default)")
   ap.add_argument("--batches", default="1,8,64")
   ap.add_argument("--contexts", default="1024,4096,32768,131072")
   ap.add_argument("--formats", default=",".join(KV_FORMATS))
@@ -401,14 +407,15 @@ def main():
   rows, t_start = [], time.time()
   if args.merge is not None:
     return merge_and_plot(args.merge, args.out)
-  global SHAPE, WINDOW
-  SHAPE, WINDOW = SHAPES[args.shape], args.window
+  global SHAPE, WINDOW, TOKEN_DTYPE
+  SHAPE, WINDOW, TOKEN_DTYPE = SHAPES[args.shape], args.window, jnp.dtype(args.token_dtype)
 
   def log(msg):
     print(f"[{time.time() - t_start:6.0f}s] {msg}", flush=True)
 
   meta = {"device": str(jax.devices()[0]), "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
-          "shape": args.shape, "head_shape": dataclasses.asdict(SHAPE), "window": WINDOW}
+          "shape": args.shape, "head_shape": dataclasses.asdict(SHAPE), "window": WINDOW,
+          "token_dtype": args.token_dtype}
   if args.check:
     meta["check_worst_rel_err"] = check_all(log, [f for f in args.check_formats.split(",") if f],
                                             args.check_quick, SHAPE)

@@ -145,12 +145,12 @@ class QuantRows:
 
 def writer_quantizes(q: QArray) -> bool:
   """Whether `append` hands `q`'s new rows to the writer unquantized (`QuantRows`): dynamic FP8 and
-  INT8 with 16-bit per-token scales, and KIVI values (per token, G = H) in the "words" layout, whose
-  rounding (`quant.fp8_div`, `quant.div_round`) is exact."""
+  INT8 with 16-bit per-token scales, and KIVI values (per token, G = H or G-channel groups) in the "words"
+  layout, whose rounding (`quant.fp8_div`, `quant.div_round`) is exact."""
   spec = q.spec
   per_token = ((isinstance(spec, FP8Spec) and not spec.static) or (isinstance(spec, IntSpec) and spec.bits == 8)
                or (isinstance(spec, KIVISpec) and spec.axis == "channel" and q.layout == "words"
-                   and spec.group_size == quant.WORDS_TILE))  # the writer's KIVI rows are one group
+                   and quant.WORDS_TILE % spec.group_size == 0))  # a token's groups within its row
   return per_token and quant.exact_rounding(spec)
 
 

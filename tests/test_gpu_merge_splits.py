@@ -13,10 +13,12 @@ from pallas_kernels.gpu import decode, merge, ops
 INTERPRET = jax.default_backend() != "gpu"
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("ns,rows,m_rows", [(1, 1, 16), (8, 3, 16), (9, 4, 16), (33, 12, 16), (17, 32, 32)])
-def test_merge_states_matches_combine(ns, rows, m_rows):
+def test_merge_states_matches_combine(ns, rows, m_rows, transposed):
   """The one-kernel split merge equals the jnp reference, including splits that saw nothing
-  (m = NEG, l = 0), a (b, k) that saw nothing at all (zero output), and a tail chunk of splits."""
+  (m = NEG, l = 0), a (b, k) that saw nothing at all (zero output), and a tail chunk of splits;
+  transposed: the states' o as [B, K, NS, H, M] (the Mosaic kernels')."""
   rng = np.random.default_rng(ns * 100 + rows)
   o = jnp.asarray(rng.normal(size=(2, 3, ns, m_rows, 32)), jnp.float32)
   m = jnp.asarray(rng.normal(size=(2, 3, ns, m_rows)) * 8, jnp.float32)
@@ -25,7 +27,8 @@ def test_merge_states_matches_combine(ns, rows, m_rows):
   m, l = m.at[1, 2, -1].set(decode.NEG), l.at[1, 2, -1].set(0.0)
   ref = np.asarray(decode.combine(o, m, l, rows))
   for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 1e-2)):
-    out = merge.merge_states(o, m, l, rows, dtype, interpret=INTERPRET)
+    o_in = o.swapaxes(-1, -2) if transposed else o
+    out = merge.merge_states(o_in, m, l, rows, dtype, interpret=INTERPRET, transposed=transposed)
     assert out.shape == (2, 3, merge.out_rows(rows), 32) and out.dtype == dtype
     out = np.asarray(out[:, :, :rows], np.float32)
     assert np.abs(out[0, 0]).max() == 0.0

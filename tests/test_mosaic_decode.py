@@ -58,15 +58,15 @@ def test_matches_the_library_reference(lengths, appends, splits, layout, via_ops
 INTERPRET = jax.default_backend() != "gpu"  # natively on a GPU (benchmarks/runs/session15_b.sh)
 
 
-def _words_case_matches(fmt, lengths, appends, t, window, via_ops):
-  """A "words" cache of `fmt` through ops (via_ops) or `mosaic_decode` (window): == the library reference at
-  bf16 level, zero where a query token sees nothing. Returns (cache, q, ref, visible)."""
+def _words_case_matches(fmt, lengths, appends, t, window, via_ops, glue=None):  # noqa: PLR0913
+  """A "words" cache of `fmt` through ops (via_ops) or `mosaic_decode` (window, glue_in_kernel=glue): == the
+  library reference at bf16 level, zero where a query token sees nothing. Returns (cache, q, ref, visible)."""
   c = _cache(lengths, appends=appends, layout="words", fmt=fmt)
   q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, t, 128)), jnp.bfloat16)
   if via_ops:
     out = ops.decode_attention(q, c, num_splits=2, interpret=INTERPRET)
   else:
-    out = md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, window=window)
+    out = md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, window=window, glue_in_kernel=glue)
   out = np.asarray(out, np.float32)
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
   visible = np.broadcast_to((np.asarray(c.lengths)[:, None] - t + np.arange(t) >= 0)[:, None, :, None], out.shape)
@@ -123,6 +123,12 @@ def test_window_in_the_kernel(lengths, appends, t):
   np.testing.assert_array_equal(out[~visible], 0.0)
   other = np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, window="xla"), np.float32)
   assert test_base.relative_error(out[visible], other[visible]) < 5e-3
+  # the query's scale / pad and the quantized lengths in the kernel (no XLA op before it): the same numbers
+  glue = md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, window="kernel", glue_in_kernel=True)
+  np.testing.assert_array_equal(np.asarray(glue, np.float32), out)
+  # and the merge as one Triton kernel (`merge.merge_states` over the states' o^T)
+  merged = md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, window="kernel", pallas_merge=True)
+  assert merged.dtype == q.dtype and test_base.relative_error(np.asarray(merged, np.float32), out) < 1e-2
   with pytest.raises(ValueError, match="window must be one of"):
     md.decode_attention(q, c, window="triton")
 
@@ -230,12 +236,15 @@ def test_precision_on_the_reference_lm(tmp_path):
 
 @pytest.mark.parametrize("fmt,lengths,appends,t,window", [
     ("kivi4", (300, 0, 1, 128), 0, 1, "kernel"),          # G=32: short windows; empty; one token; exactly 128
-    ("kivi4", (127, 385, 509), 1, 1, "kernel"),           # the window straddles a quantized key group
+    ("kivi4", (127, 385, 509), 1, 1, "kernel+glue"),      # the window straddles a quantized key group; the
+                                                          # query's prep and the lengths in the kernel
     (formats.kivi(4, 128, 128), (300, 2), 0, 4, "kernel"),  # G=128, 4 query tokens, causal among them
     ("kivi4", (385, 200, 509), 3, 1, "xla"),              # the window's keys dequantized in XLA
 ])
 def test_kivi4_cache_matches_the_library_reference(fmt, lengths, appends, t, window):  # noqa: PLR0913
   """KIVI-4 (4-bit codes, 4 a uint16 word: two word tiles a 128-code row; planes 0-1 from w, 2-3 from
   w >> 8) in a "words" cache, G=32 and 128, through ops or not: == the library reference."""
-  c, *_ = _words_case_matches(fmt, lengths, appends, t, window, via_ops=window == "kernel" and t == 1)
+  window, glue = window.split("+")[0], window.endswith("+glue")
+  c, *_ = _words_case_matches(fmt, lengths, appends, t, window, via_ops=window == "kernel" and t == 1 and not glue,
+                              glue=glue)
   assert c.k.codes.shape[-1] == c.v.codes.shape[-1] == 32

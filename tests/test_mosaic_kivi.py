@@ -207,6 +207,10 @@ def test_bad_shapes_are_refused():
     mk.kivi2_states(q_t, *args, num_splits=4, interpret=True, variant="dequant2")
   with pytest.raises(ValueError, match=r"variant must be an Options or one of \('offset', 'exact', .*\), got 'fast'"):
     mk.kivi2_states(q_t, *args, num_splits=1, interpret=True, variant="fast")
+  with pytest.raises(ValueError, match=r"lengths must be \[2\] int32 \(or None with a window\), got None"):
+    mk.kivi2_states(q_t, None, *args[1:], num_splits=1, interpret=True)
+  with pytest.raises(ValueError, match=r"lengths must be \[2\] int32 \(or None with a window\), got \(3,\)"):
+    mk.kivi2_states(q_t, jnp.zeros(3, jnp.int32), *args[1:], num_splits=1, interpret=True)
 
 
 def test_options_are_validated():

@@ -105,3 +105,20 @@ def test_kivi_words_g32_flag_reaches_the_rows(tmp_path, monkeypatch):
   rows = {r["format"]: r for r in json.loads(out.read_text())["rows"]}
   assert rows["kivi2"]["kivi_words_g32"] is True and "error" not in rows["kivi2"]
   assert "kivi_words_g32" not in rows["bf16"]
+
+
+def test_merge_keeps_the_latest_run(tmp_path):
+  """`--merge` keeps each (model, format, context)'s row from the latest session (by the `_sN` in the file
+  name, not the glob's order: s22b after s5 and s9), a failed re-run never replacing a measured row."""
+  import throughput_report
+  row = lambda tps, **kw: {"model": "m", "format": "kivi2", "context": 32768, "tokens_per_s": tps, **kw}
+  files = {"tp_m_32k_s22b.json": [row(1542.0)], "tp_m_32k_s5.json": [row(620.0)],
+           "tp_m_32k_s9.json": [row(700.0), {**row(900.0), "format": "bf16"}],
+           "tp_m_32k_s23.json": [row(None, error="timed out")], "tp_m_32k.json": [row(100.0)]}
+  for name, rows in files.items():
+    (tmp_path / name).write_text(json.dumps({"meta": {}, "rows": rows}))
+  merged = throughput_report.merge(sorted(str(tmp_path / n) for n in files), str(tmp_path / "out.json"))
+  got = {r["format"]: r["tokens_per_s"] for r in merged}
+  assert got == {"kivi2": 1542.0, "bf16": 900.0}
+  assert [throughput_report.run_order(n)[:2] for n in ("a_s16e.json", "a_s16d.json", "a.json")] == [
+      (16, "e"), (16, "d"), (0, "")]

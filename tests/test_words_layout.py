@@ -152,7 +152,7 @@ def test_init_cache_rejects_bad_layouts():
     kvcache.init_cache(formats.preset("kivi2_g128"), 1, 1, 256, 256, kivi_layout="words")
 
 
-def test_writers_and_kernels_that_decline_fall_back():
+def test_writers_and_kernels_that_decline_fall_back(monkeypatch):
   _, words = _pair(2, 256, kv_heads=1, stale=False)
   kv = jnp.ones((2, 1, 3, H))
   out = dispatch.append(words, kv, kv, implementation="pallas_gpu")  # the one-kernel writer takes "words"
@@ -164,7 +164,11 @@ def test_writers_and_kernels_that_decline_fall_back():
     ops.decode_attention(q[:, :, :1], out, block=64)
   with pytest.raises(NotImplementedError, match="soft-cap or sliding window"):
     ops.decode_attention(q[:, :, :1], out, logit_softcap=30.0)
-  _, words4 = _pair(2, 256, kv_heads=1, stale=False, fmt="kivi4")  # compiled, the writer stores 2-bit words only
+  _, words4 = _pair(2, 256, kv_heads=1, stale=False, fmt="kivi4")
+  kv20 = jnp.ones((2, 1, 20, H))  # compiled: at most 16 tokens an append into 4-bit words
+  with pytest.raises(NotImplementedError, match=r"more than 16 tokens into 4-bit 'words' natively"):
+    write.append(words4, kv20, kv20, interpret=False)
+  monkeypatch.setattr(write, "NATIVE_WORDS_BITS", (2,))  # a width held back natively: refused
   with pytest.raises(NotImplementedError, match=r"'words' codes of 4 bits natively"):
     write.write_rows(words4, [], interpret=False)
   ref = dispatch.decode_attention(q, out, implementation="xla")

@@ -63,8 +63,8 @@ def chunk_splits(num_splits: int, rows: int, cols: int) -> int:
   return c
 
 
-def _merge_kernel(o_ref, m_ref, l_ref, out_ref, *, num_splits, chunk):
-  r = out_ref.shape[0]
+def _merge_kernel(o_ref, m_ref, l_ref, out_ref, *, num_splits, chunk, transposed):
+  r, cols = out_ref.shape
   rows = pl.ds(0, r)
   nsp = decode.pow2_at_least(num_splits)
   sid = lax.broadcasted_iota(jnp.int32, (nsp, 1), 0)
@@ -74,7 +74,7 @@ def _merge_kernel(o_ref, m_ref, l_ref, out_ref, *, num_splits, chunk):
   w = jnp.exp2(m_s - m_max[None, :])  # [NS', R]; 0 for masked splits (NEG - NEG = 0: l_s is 0 there)
   l_tot = jnp.sum(l_s * w, axis=0)
   inv_l = jnp.where(l_tot > 0, 1.0 / jnp.where(l_tot > 0, l_tot, 1.0), 0.0)  # [R]
-  acc = jnp.zeros(out_ref.shape, jnp.float32)
+  acc = jnp.zeros((cols, r) if transposed else (r, cols), jnp.float32)
   for i in range(pl.cdiv(num_splits, chunk)):  # static: one chunk, or a few when NS is large
     span = pl.ds(i * chunk, chunk)
     ok = (i * chunk + lax.broadcasted_iota(jnp.int32, (chunk, 1), 0)) < num_splits
@@ -82,17 +82,26 @@ def _merge_kernel(o_ref, m_ref, l_ref, out_ref, *, num_splits, chunk):
       w_c = w
     else:  # this chunk's m again (an L2 hit) rather than a slice of the [NS', R] tile
       w_c = jnp.exp2(plgpu.load(m_ref.at[span, rows], mask=ok, other=decode.NEG) - m_max[None, :])
-    o_s = plgpu.load(o_ref.at[span, rows, :], mask=ok[:, :, None], other=0.0)  # [c, R, cols]
-    acc = acc + jnp.sum(o_s * w_c[:, :, None], axis=0)
-  out_ref[...] = (acc * inv_l[:, None]).astype(out_ref.dtype)
+    if transposed:  # the states' o^T (the Mosaic kernels')
+      o_s = plgpu.load(o_ref.at[span, :, rows], mask=ok[:, :, None], other=0.0)  # [c, cols, R]
+      acc = acc + jnp.sum(o_s * w_c[:, None, :], axis=0)
+    else:
+      o_s = plgpu.load(o_ref.at[span, rows, :], mask=ok[:, :, None], other=0.0)  # [c, R, cols]
+      acc = acc + jnp.sum(o_s * w_c[:, :, None], axis=0)
+  out = (acc * inv_l[None, :]).T if transposed else acc * inv_l[:, None]
+  out_ref[...] = out.astype(out_ref.dtype)
 
 
 def merge_states(o, m, l, rows: int, dtype, *, interpret: bool = False, num_warps: int = 4,
-                 cols: int | None = None):
+                 cols: int | None = None, transposed: bool = False):
   """o [B, K, NS, M, H], m / l [B, K, NS, M] f32 -> [B, K, R, H] in `dtype` (R = out_rows(rows);
   rows past `rows` are undefined), equal to ``decode.combine(o, m, l, rows)`` in the first rows.
-  cols: channels per program (default `merge_cols`); must divide H."""
-  b, kh, ns, m_rows, h = o.shape
+  cols: channels per program (default `merge_cols`); must divide H. transposed: o is [B, K, NS, H, M]
+  (the Mosaic kernels' o^T), transposed back in the kernel; same result."""
+  if transposed:
+    b, kh, ns, h, m_rows = o.shape
+  else:
+    b, kh, ns, m_rows, h = o.shape
   r = out_rows(rows)
   if not 1 <= rows <= m_rows:
     raise ValueError(f"rows must be in [1, {m_rows}] (the states' padded rows), got {rows}")
@@ -101,13 +110,15 @@ def merge_states(o, m, l, rows: int, dtype, *, interpret: bool = False, num_warp
   cols = merge_cols(b, kh, h) if cols is None else cols
   if cols < 1 or h % cols or cols & (cols - 1):
     raise ValueError(f"cols must be a power of two dividing the head dim {h}, got {cols}")
-  kernel = functools.partial(_merge_kernel, num_splits=ns, chunk=chunk_splits(ns, rows, cols))
+  kernel = functools.partial(_merge_kernel, num_splits=ns, chunk=chunk_splits(ns, rows, cols), transposed=transposed)
   nsp = decode.pow2_at_least(ns)
+  o_spec = (pl.BlockSpec((None, None, nsp, cols, m_rows), lambda i, j, c: (i, j, 0, c, 0)) if transposed
+            else pl.BlockSpec((None, None, nsp, m_rows, cols), lambda i, j, c: (i, j, 0, 0, c)))
   return pl.pallas_call(
       kernel,
       grid=(b, kh, h // cols),
       # The split axis's block is NS' >= NS (a power of two); the kernel masks splits >= NS.
-      in_specs=[pl.BlockSpec((None, None, nsp, m_rows, cols), lambda i, j, c: (i, j, 0, 0, c)),
+      in_specs=[o_spec,
                 pl.BlockSpec((None, None, nsp, m_rows), lambda i, j, c: (i, j, 0, 0)),
                 pl.BlockSpec((None, None, nsp, m_rows), lambda i, j, c: (i, j, 0, 0))],
       out_specs=pl.BlockSpec((None, None, r, cols), lambda i, j, c: (i, j, 0, c)),

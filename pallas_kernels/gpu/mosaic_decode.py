@@ -24,11 +24,11 @@ import jax.numpy as jnp
 
 from kvjax import quant
 from kvjax.formats import KIVISpec
-from pallas_kernels.gpu import decode, mosaic_epilogue as epilogue, mosaic_kivi as mk, window_merge
+from pallas_kernels.gpu import decode, merge, mosaic_epilogue as epilogue, mosaic_kivi as mk, window_merge
 
 __all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT", "GROUPED_VARIANT", "GROUPS",
            "BITS",
-           "WINDOWS", "DEFAULT_WINDOW", "auto_window"]
+           "WINDOWS", "DEFAULT_WINDOW", "auto_window", "GLUE_IN_KERNEL", "PALLAS_MERGE", "pallas_merge_default"]
 
 # Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
 # 8 splits (144.2 at 4), folded_lazy (session 11's default) 185.0 / 190.9, dequant2 136.3 at 4; B=1 32k
@@ -87,6 +87,27 @@ KERNEL_MERGE_MAX_PROGRAMS = 4 * 132
 # splits 272.8 us against 200.9 without the merge, the last-to-count merge 200.8 (`decode_parts/
 # mosaic_sass_fp8_s21b_*_h100.json`); so "count".
 MERGE_BY = "count"
+# Session 24: the glue left with the window in the kernel and the merge in XLA, for the short contexts where
+# it is a large share of the call (session 23, B=1 1k compiled for an H200: 4 launches, `session23/
+# hlo_kernels_b1_1k_h200.txt`): the quantized lengths max(L - 128, 0) computed in the kernel from the window's
+# (`kivi2_states(lengths=None)`), and the query read as the caller holds it (`q_scale`, exact natively in
+# session 23) without the in-kernel merge; and the XLA merge after the kernel (`decode.combine`: at B=8 32k three
+# fusions, one at 1k) as the one-kernel Triton merge (`merge.merge_states`, the FP8 path's, reading the states'
+# o^T): kernel + merge, 2 launches. H100, through ops, same run as torch SDPA
+# (`benchmarks/runs/session24_glue.py`, `decode_parts/session24/b_glue.json`), us, default -> glue -> glue and the
+# Triton merge, G=32 / G=128: B=1 1k 13.5 -> 13.0 -> 13.7 / 12.2 -> 11.4 -> 12.1 (torch 9.9); B=8 1k 17.8 -> 17.3
+# -> 16.3 / 17.0 -> 17.1 -> 16.2 (16.9); B=1 4k 18.2 -> 17.4 -> 16.7 / 16.3 -> 15.4 -> 14.7 (13.2); B=8 4k 32.1 ->
+# 31.9 -> 30.0 / 28.5 -> 28.8 -> 26.7 (50.2); B=8 32k 132.3 -> 127.8 -> 129.5 / 112.8 -> 113.7 -> 112.4 (351.7).
+# Identical outputs. So the glue in the kernel everywhere, and the Triton merge except where XLA's is one fusion
+# for few programs (`pallas_merge_default`: B=1 1k).
+GLUE_IN_KERNEL = True
+PALLAS_MERGE = True  # False: always XLA's merge
+
+
+def pallas_merge_default(batch: int, kv_heads: int, states: int) -> bool:
+  """Whether the kernel's states are merged by the Triton kernel (else XLA) by default: unless PALLAS_MERGE is
+  off, or there are few (b, k) programs (< 64) with at most 3 states each (B=1 1k: XLA's merge is one fusion)."""
+  return PALLAS_MERGE and (batch * kv_heads >= 64 or states > 3)
 
 
 def auto_window(variant: str | mk.Options, k_res_dtype, v_res_dtype) -> str:
@@ -187,7 +208,8 @@ def window_states(q, cache, kc, ks, kz, num_queries: int = 1):
 
 def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
                      variant: str | mk.Options | None = None, interpret: bool = False,
-                     window: str = DEFAULT_WINDOW, kernel_merge: bool | None = None):
+                     window: str = DEFAULT_WINDOW, kernel_merge: bool | None = None,
+                     glue_in_kernel: bool | None = None, pallas_merge: bool | None = None):
   """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 or 32 cache: T query tokens at positions
   L - T + t (the last T cached; causal among them), N / K x T <= 16 rows per KV head.
   variant: the kernel's build (`mosaic_kivi.VARIANTS` or an `Options`); None: DEFAULT_VARIANT (KIVI-2 G=128)
@@ -198,7 +220,11 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   (`decode.combine`); "xla", the window and the merge in XLA (`window_states`).
   kernel_merge: with the window in the kernel, its NS + 1 states merged there too (as `MERGE_BY`), where they
   are at most `mosaic_epilogue.CLUSTER_MAX`; None: `KERNEL_MERGE` where the programs fit one wave
-  (`KERNEL_MERGE_MAX_PROGRAMS`)."""
+  (`KERNEL_MERGE_MAX_PROGRAMS`).
+  glue_in_kernel: with the window in the kernel and the merge in XLA, the query's scale, transpose and pad
+  and the quantized lengths done in the kernel (no XLA op before the call); None: `GLUE_IN_KERNEL`.
+  pallas_merge: with the window in the kernel and the merge outside it, the merge as one Triton kernel
+  (`merge.merge_states`) rather than XLA's; None: `pallas_merge_default`."""
   if (why := supports(cache)) is not None:
     raise ValueError(f"cache: {why}")
   if window not in WINDOWS:
@@ -223,15 +249,22 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   merge_here = (KERNEL_MERGE and b * kh * (num_splits + 1) <= KERNEL_MERGE_MAX_PROGRAMS
                 if kernel_merge is None else kernel_merge) and window == "kernel" \
       and epilogue.cluster_merge_ok(num_splits + 1)
+  glue = (GLUE_IN_KERNEL if glue_in_kernel is None else glue_in_kernel) and window == "kernel"
+  if pallas_merge is None:
+    pallas_merge = pallas_merge_default(b, kh, num_splits + 1)
+  pallas_merge = pallas_merge and window == "kernel"
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
-                 interpret=interpret, window=window, merge_by=MERGE_BY if merge_here else None)
+                 interpret=interpret, window=window, merge_by=MERGE_BY if merge_here else None, glue=glue,
+                 pallas_merge=pallas_merge)
 
 
 # A jit of its own: a model calls this once per layer, and nested jits of one signature are traced and
 # lowered once (Mosaic GPU's lowering takes ~2 s a call on a CPU core: 32 layers unrolled took longer
 # than the 120 s a session-12 throughput row allowed).
-@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window", "merge_by"))
-def _decode(q, cache, scale, *, num_splits, variant, interpret, window, merge_by=None):
+@functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window", "merge_by", "glue",
+                                             "pallas_merge"))
+def _decode(q, cache, scale, *, num_splits, variant, interpret, window, merge_by=None, glue=False,  # noqa: PLR0913
+            pallas_merge=False):
   b, n, t, h = q.shape
   kh = cache.num_kv_heads
   rep = n // kh * t  # query rows per KV head: head-major, then token
@@ -241,12 +274,19 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window, merge_by
   in_kernel = (cache.lengths, cache.k_res, cache.v_res, t) if window == "kernel" else None
   quantized_lengths = jnp.maximum(cache.lengths - cache.fmt.residual, 0)
   if merge_by:  # q as it is, the window's state and the merge in the kernel: the attention itself
-    out = mk.kivi2_states(q.reshape(b, kh, rep, h), quantized_lengths, kc, ks, kz, vc, vs, vz,
+    out = mk.kivi2_states(q.reshape(b, kh, rep, h), None, kc, ks, kz, vc, vs, vz,
                           num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel,
                           merged=(rep, q.dtype), q_scale=scale, merge_by=merge_by)
     return out.reshape(b, n, t, h)
-  o_t, m, l = mk.kivi2_states(q_t, quantized_lengths, kc, ks, kz, vc, vs, vz, num_splits=num_splits,
-                              variant=variant, interpret=interpret, window=in_kernel)
+  if glue:  # the query as it is and the cache's lengths: the kernel scales, pads and subtracts
+    o_t, m, l = mk.kivi2_states(q.reshape(b, kh, rep, h), None, kc, ks, kz, vc, vs, vz, num_splits=num_splits,
+                                variant=variant, interpret=interpret, window=in_kernel, q_scale=scale)
+  else:
+    o_t, m, l = mk.kivi2_states(q_t, quantized_lengths, kc, ks, kz, vc, vs, vz, num_splits=num_splits,
+                                variant=variant, interpret=interpret, window=in_kernel)
+  if window == "kernel" and pallas_merge:  # NS + 1 states, the window's last, merged by one Triton kernel
+    out = merge.merge_states(o_t, m, l, rep, q.dtype, interpret=interpret, transposed=True)[:, :, :rep]
+    return out.reshape(b, n, t, h)
   if window == "kernel":  # NS + 1 states, the window's last
     out = decode.combine(o_t.swapaxes(-1, -2), m, l, rep)
     return out.reshape(b, n, t, h).astype(q.dtype)

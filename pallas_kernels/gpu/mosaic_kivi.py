@@ -71,7 +71,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   window: None, or (full lengths [B] int32, k_res, v_res [B, K, 128, H] bf16 / fp16, T) for a cache's
   residual window as one more split state (index NS of the outputs, which then hold NS + 1): program
   (b, k, NS) scores the window's 128 ring slots (`window_merge`'s slot rule) against the T query tokens
-  of the rows, causally, while the others walk the quantized tiles; `lengths` is then max(L - 128, 0).
+  of the rows, causally, while the others walk the quantized tiles; `lengths` is then max(L - 128, 0), or
+  None: computed so in the kernel from the window's (no XLA op before the call).
   Needs a `dequant_in_a` variant. (Session 15, H200: folding the window into split 0's starting state
   instead was slower at every point timed, `decode_parts/decode_s15d_kivi.json`.)
   merged: None, or (rows, dtype): the states (NS, or NS + 1 with the window; 2 to
@@ -87,8 +88,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if q_scale is not None:
     q_rows, q_t = q_t, jax.ShapeDtypeStruct(q_t.shape[:2] + (128, ROWS), jnp.float32)  # the checks' shape
   opt = checks.options(variant)
-  b, kh, h, s, bits, group, n_states = checks.check(q_t, q_rows if q_scale is not None else None, kc, ks, kz,
-                                                    vc, vs, vz, opt=opt, variant=variant, num_splits=num_splits,
+  b, kh, h, s, bits, group, n_states = checks.check(q_t, q_rows if q_scale is not None else None, lengths, kc, ks,
+                                                    kz, vc, vs, vz, opt=opt, variant=variant, num_splits=num_splits,
                                                     window=window, merged=merged, merge_by=merge_by)
   wpr, n_wt, per_word = 8 * bits, bits // 2, 16 // bits  # words a row, word tiles, planes a word
   grouped = group != TILE
@@ -357,7 +358,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     else:  # the fp16 query alone lives through the loop (the f32 one in a scope the pipeline reuses)
       fetch_query(q16_smem)
     q_reg = None if opt.q_in_smem or not resident else q_smem[...]  # [H, N]
-    length = len_g[bi]
+    length = len_g[bi] if lengths is not None else jnp.maximum(len_g[bi] - TILE, 0)  # None: the window's L
     magic = magic_g[0].astype(jnp.uint16) if opt.opaque_magic else None
 
     def step(idx, kc_s, vc_s, ks_s, kz_s, vs_s, vz_s, carry):
@@ -474,6 +475,6 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if q_scale is not None:
     q_t, extra = q_rows, extra + (jnp.reshape(jnp.asarray(q_scale, jnp.float32), (1,)),)  # a free reshape
   flat = lambda x, n_: x.reshape(b, kh, *sblock(tiles, n_))  # free reshapes
-  res = f(q_t, lengths, magic, kc, vc.reshape(b, kh, tiles * h, wpr), flat(ks, h), flat(kz, h),
+  res = f(q_t, lengths if lengths is not None else w_len, magic, kc, vc.reshape(b, kh, tiles * h, wpr), flat(ks, h), flat(kz, h),
           flat(vs, TILE), flat(vz, TILE), *extra)
   return res if merged is None else res[-1]

@@ -22,10 +22,10 @@ def options(variant) -> Options:
   return VARIANTS[variant]
 
 
-def check(q_t, q_rows, kc, ks, kz, vc, vs, vz, *, opt: Options, variant, num_splits: int, window, merged,
+def check(q_t, q_rows, lengths, kc, ks, kz, vc, vs, vz, *, opt: Options, variant, num_splits: int, window, merged,
           merge_by: str):
   """Raises ValueError naming the argument for what `kivi2_states` cannot take; returns (b, kh, h, s,
-  bits, group, n_states). q_t: the transposed query's shape [B, K, 128, 16]; q_rows: the caller's rows
+  bits, group, n_states). lengths: [B], or None with a window. q_t: the transposed query's shape [B, K, 128, 16]; q_rows: the caller's rows
   when the kernel scales them (q_scale), else None."""
   if q_rows is not None and (q_rows.ndim != 4 or q_rows.shape[3] != 128 or not 1 <= q_rows.shape[2] <= ROWS):
     raise ValueError(f"with q_scale, q_t must be the query rows [B, K, rows <= {ROWS}, 128], got {q_rows.shape}")
@@ -52,6 +52,9 @@ def check(q_t, q_rows, kc, ks, kz, vc, vs, vz, *, opt: Options, variant, num_spl
       raise ValueError(f"{name} must be {expect[name]}, got {arr.shape}")
   if window is not None:
     _check_window(window, opt, variant, (b, kh, TILE, h))
+  if (lengths is None and window is None) or (lengths is not None and getattr(lengths, "shape", None) != (b,)):
+    raise ValueError(f"lengths must be [{b}] int32 (or None with a window), got "
+                     f"{getattr(lengths, 'shape', lengths)}")
   n_states = num_splits + (window is not None)
   if merged is not None and not (1 <= merged[0] <= ROWS and epilogue.cluster_merge_ok(n_states)):
     raise ValueError(f"merged: rows must be in [1, {ROWS}] and the states 2..{epilogue.CLUSTER_MAX}, "

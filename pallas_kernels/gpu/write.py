@@ -34,6 +34,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -66,12 +67,17 @@ _FLUSH_LEAVES = ("k.codes", "k.scale", "k.zero", "k_res")
 FLUSH_IN_KERNEL_GROUPS = frozenset({32, 128})
 
 
-# The code widths of "words" caches the one-kernel writer stores when compiled for the GPU. 4-bit words
-# (`store_planes` and the key flush's two word tiles, session 23) equal the XLA scatters bit for bit in
-# interpret mode, but on an H100 neither their native test nor the step timing finished within its time
-# limit (`benchmarks/results/decode_parts/session23/e_pytest.txt`, `e_log.txt`), so natively they take the
-# XLA scatters (`dispatch.append` falls back) until a device run checks them.
-NATIVE_WORDS_BITS = (2,)
+# The code widths of "words" caches the one-kernel writer stores when compiled for the GPU (elsewhere it is
+# interpreted: any). 4-bit words (`store_planes` and the key flush's two word tiles, session 23): session 23's
+# native pytest ran out of its time budget before them; in session 24 (H100,
+# `benchmarks/results/decode_parts/session24/a_diag.txt`, `benchmarks/runs/session24_words4_diag.py`) T=1 with
+# and without a key flush, G=128 and 32, is bit-identical to the XLA scatters natively.
+NATIVE_WORDS_BITS = (2, 4)
+# The most tokens one compiled append stores into 4-bit words: more than 16 share value words (4 codes a word,
+# tokens 16 apart), and that native case (`test_pallas_append_words_planes_share_words[kivi4]`, T=20) did not
+# finish within its time in session 24 (`decode_parts/session24/c_pytest.txt`); longer appends take the XLA
+# scatters (`dispatch.append` falls back).
+NATIVE_WORDS4_MAX_TOKENS = 16
 
 
 def flush_in_kernel_default(fmt) -> bool:
@@ -82,10 +88,13 @@ def flush_in_kernel_default(fmt) -> bool:
 def _quantize_row(x, spec):
   """One token's row x [1, H] (or its column [H, 1]) f32 -> (codes, scale [1, 1] in the scale
   dtype[, zero [1, 1] for KIVI]) as `quant.quantize` computes them, bit for bit (exact steps,
-  lowerable primitives). KIVI: one group of H channels (values, G = H)."""
+  lowerable primitives). KIVI: one group of H channels (values, G = H), or, for a column, G-channel
+  groups (`_kivi_groups`: scale and zero [1, H / G])."""
   sd = jnp.dtype(spec.scale_dtype)
   qmax = spec.max if isinstance(spec, FP8Spec) else spec.qmax
   over_all = lambda f, y: f(f(y, axis=0, keepdims=True), axis=1, keepdims=True)  # [1, 1]
+  if isinstance(spec, KIVISpec) and spec.group_size < x.size:
+    return _kivi_groups(x, spec.group_size, qmax, sd)
   if isinstance(spec, KIVISpec):  # asymmetric: `quant.compute_scale`'s min / span
     s, mn = flush_lib.kivi_scale(over_all(jnp.min, x), over_all(jnp.max, x), qmax, sd)
     c = jnp.clip(flush_lib.div_round(x - mn.astype(jnp.float32), s.astype(jnp.float32)), 0, qmax)
@@ -97,6 +106,29 @@ def _quantize_row(x, spec):
     return quant.fp8_div(x, sf, spec), s
   c = jnp.minimum(flush_lib.div_round(jnp.abs(x), sf), qmax)  # symmetric: round |x|, then the sign
   return jnp.where(x < 0, -c, c).astype(jnp.int8), s
+
+
+def _kivi_groups(x, group: int, qmax: int, sd):
+  """One token's column x [H, 1] f32 in groups of `group` channels -> (codes [H, 1] int32, scale, zero
+  [1, H / G] in sd), `quant.quantize`'s KIVI values (per token, G-channel groups), bit for bit. Each group's
+  min / max by a masked reduction over the column (no reshape: Triton tiles stay 2-D)."""
+  h = x.shape[0]
+  if x.shape != (h, 1) or h % group:
+    raise ValueError(f"x must be a column [H, 1] with H a multiple of the group {group}, got {x.shape}")
+  grp = lax.broadcasted_iota(jnp.int32, x.shape, 0) // group  # [H, 1]: each channel's group
+  col = lax.broadcasted_iota(jnp.int32, (1, h // group), 1)   # [1, H / G]
+  s_ch = z_ch = jnp.zeros(x.shape, jnp.float32)
+  s_row = z_row = jnp.zeros((1, h // group), sd)
+  for i in range(h // group):  # static: 4 groups at H=128, G=32
+    mine = grp == i
+    lo = jnp.min(jnp.where(mine, x, jnp.inf), axis=0, keepdims=True)  # [1, 1]
+    hi = jnp.max(jnp.where(mine, x, -jnp.inf), axis=0, keepdims=True)
+    s, mn = flush_lib.kivi_scale(lo, hi, qmax, sd)
+    s_ch = jnp.where(mine, s.astype(jnp.float32), s_ch)
+    z_ch = jnp.where(mine, mn.astype(jnp.float32), z_ch)
+    s_row, z_row = jnp.where(col == i, s, s_row), jnp.where(col == i, mn, z_row)
+  c = jnp.clip(flush_lib.div_round(x - z_ch, s_ch), 0, qmax)
+  return c.astype(jnp.int32), s_row, z_row
 
 
 def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
@@ -191,6 +223,10 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   if cache.k.layout == "words" and not interpret and cache.fmt.key.bits not in NATIVE_WORDS_BITS:
     raise NotImplementedError(f"pallas_gpu append: 'words' codes of {cache.fmt.key.bits} bits natively "
                               f"(NATIVE_WORDS_BITS: {NATIVE_WORDS_BITS}; interpreted, any)")
+  if (cache.k.layout == "words" and not interpret and cache.fmt.key.bits == 4
+      and max((w.new.shape[2] for w in writes), default=0) > NATIVE_WORDS4_MAX_TOKENS):
+    raise NotImplementedError(f"pallas_gpu append: more than {NATIVE_WORDS4_MAX_TOKENS} tokens into 4-bit 'words' "
+                              "natively (NATIVE_WORDS4_MAX_TOKENS)")
   quants = [w for w in writes if isinstance(w, QuantRows)]
   if not quantize_in_kernel or any(w.new.shape[3] & (w.new.shape[3] - 1) for w in quants):
     writes, quants = cache_lib.lower_quants(cache, writes), []  # quantized by XLA, stored as rows
@@ -235,7 +271,7 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
     names += [f"{w.role}.{o}" for o in outs]
     leaves += [getattr(qa, o) for o in outs]
     dsts += [qa.codes.reshape(bq, kq, sq // qa.tile, hq, qa.tile) if qa.tile else qa.codes]
-    dsts += [getattr(qa, o).reshape(bq, kq, sq, 1) for o in outs[1:]]  # per-token scale[, zero]
+    dsts += [getattr(qa, o).reshape(bq, kq, sq, -1) for o in outs[1:]]  # per-token scale[, zero] [.., 1 or H / G]
   flush_in = []
   words = cache.k.layout == "words"
   if fl is not None:
@@ -245,7 +281,8 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
     leaves += [cache_lib.get_leaf(cache, nm) for nm in _FLUSH_LEAVES]
     codes = cache.k.codes if words else cache.k.codes.reshape(b, k, s_cap // per_byte, -1)  # planar blocks
     dsts += [codes, cache.k.scale, cache.k.zero, cache.k_res]  # [B, K, S / G, H] twice, [B, K, R, H]
-    flush_in = [jnp.asarray(fl.lengths, jnp.int32), jnp.asarray(fl.count, jnp.int32), fl.new]
+    count = jnp.asarray(fl.count, jnp.int32)
+    flush_in = [jnp.asarray(fl.lengths, jnp.int32) + count, count, fl.new]  # `flush_keys`' ends, count
   if num_warps is None:
     num_warps = 1 if fl is None else 4
   n_in = 2 * n + 2 * len(quants) + len(flush_in)
