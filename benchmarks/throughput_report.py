@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 def write(rows, meta, out):
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -12,9 +13,20 @@ def write(rows, meta, out):
   os.replace(out + ".tmp", out)
 
 
+def run_order(path):
+  """Sort key putting result files in the order they were measured: by the session number in the name
+  (`tp_llama_32k_s5.json` before `tp_llama_32k_s22b.json`, where a shell glob sorts s22b first; no number:
+  session 2's first runs), then by the call's letter (b after a) and the name."""
+  name = os.path.basename(path)
+  m = re.search(r"_s(\d+)([a-z]?)(?=[._])", name)
+  return (int(m.group(1)), m.group(2), name) if m else (0, "", name)
+
+
 def merge(paths, out):
+  """Rows of the result files at `paths` joined into `out`, one per (model, format, context): the latest run's
+  (`run_order`; a failed re-run never replaces a measured row)."""
   rows, metas = {}, []
-  for p in paths:
+  for p in sorted(paths, key=run_order):
     d = json.load(open(p))
     metas.append(d.get("meta"))
     for r in d["rows"]:
