@@ -20,21 +20,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 def one(fmt_name, t, target_config, g128):
   import jax
   import jax.numpy as jnp
-  from jax.experimental import topologies
+  sys.path.insert(0, os.path.dirname(__file__))
+  from aot_h200 import h200
   from kvjax import cache as cache_lib, formats
   from pallas_kernels.gpu import write
-  topo = topologies.get_topology_desc(platform="cuda", target_config=open(target_config).read(), topology="1x1x1")
-  on = jax.sharding.SingleDeviceSharding(topo.devices[0])
-  write.NATIVE_WORDS_BITS = (2, 4)  # what is compiled here is the kernel the gate holds back
+  write.NATIVE_WORDS_BITS = (2, 4)  # what is compiled here is the kernel the gate held back (session 23)
   fmt = formats.kivi(int(fmt_name[4]), 128, 128) if g128 else formats.preset(fmt_name)
   b, kh, s = 8, 8, 32768
-  shapes = jax.eval_shape(lambda: cache_lib.init_cache(fmt, b, kh, s, 128, kivi_layout="words"))
-  cache = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on), shapes)
-  kv = jax.ShapeDtypeStruct((b, kh, t, 128), jnp.bfloat16, sharding=on)
-  from jax._src import mesh as mesh_lib  # the Triton lowering's GPU kind, from an abstract mesh (no device)
-  dev = mesh_lib.AbstractDevice(device_kind=topo.devices[0].device_kind, num_cores=None, platform="cuda")
-  t0 = time.perf_counter()
-  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=dev)):
+  with h200(target_config) as place:
+    cache = place(jax.eval_shape(lambda: cache_lib.init_cache(fmt, b, kh, s, 128, kivi_layout="words")))
+    kv = place(jax.ShapeDtypeStruct((b, kh, t, 128), jnp.bfloat16))
+    t0 = time.perf_counter()
     jax.jit(lambda c, k, v: write.append(c, k, v, interpret=False), donate_argnums=0).trace(cache, kv, kv).lower().compile()
   return time.perf_counter() - t0
 
