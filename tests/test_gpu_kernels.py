@@ -14,7 +14,6 @@ INTERPRET = jax.default_backend() != "gpu"
 
 
 class TestPallasGPUDecode(test_base.DecodeAttentionTestBase):
-
   def attention(self, q, cache, **options):
     return ops.decode_attention(q, cache, interpret=INTERPRET, **options)
 
@@ -425,8 +424,7 @@ def test_pallas_kivi_key_flush_equals_xla(fmt_name):
   """The in-kernel KIVI key flush (`flush.py`) == `cache.flush_rows` + XLA scatters, bit for bit:
   T = 1 and T = 3 (ragged num_new) across block ends 127 -> 128 and 255 -> 256, a block completed
   by a middle token of T = 3, a sink block, and capacity drops at S = 384 (under jit)."""
-  fmt = KIVI_FLUSH_FORMATS[fmt_name]
-  words = fmt_name.endswith("+words")
+  fmt, words = KIVI_FLUSH_FORMATS[fmt_name], fmt_name.endswith("+words")
   _skip_native_words(fmt, words)
   c = cache_lib.init_cache(fmt, 6, 2, 384 + 128 * (fmt.residual > 128), 128, kivi_layout="words" if words else "")
   c = _stale_words(c) if words else c
@@ -453,9 +451,8 @@ def test_pallas_kivi_key_flush_equals_xla(fmt_name):
 
 @pytest.mark.parametrize("fmt", [formats.preset("kivi2_g128"), formats.kivi(4, 128, 128)], ids=["kivi2", "kivi4"])
 def test_pallas_append_words_planes_share_words(fmt, monkeypatch):
-  """T = 20 tokens in one append into a "words" cache: tokens 16 apart share their value words
-  (different bit planes), so each store must keep the others' bits; == XLA scatters, bit for bit. (The
-  kernel itself: natively, `write_rows` refuses > 16 tokens into 4-bit words until this passes there.)"""
+  """T = 20 tokens in one "words" append: tokens 16 apart share value words (other bit planes), so each store
+  keeps the others' bits; == XLA scatters, bit for bit (the kernel: natively `write_rows` refuses T > 16 at 4 bits)."""
   _skip_native_words(fmt, True)
   monkeypatch.setattr(write, "NATIVE_WORDS4_MAX_TOKENS", 64)
   c = _stale_words(cache_lib.init_cache(fmt, 2, 1, 256, 128, kivi_layout="words"))
