@@ -120,7 +120,8 @@ def flush_keys(b, h, ends_ref, count_ref, new_ref, codes_ref, scale_ref, zero_re
   """One (sequence b, KV head h) program's part of a `KeyFlush` (``T < R``).
 
   Refs: ends, count ``[B]`` int32 (the lengths after the append, and the tokens it adds: the lengths before
-  are ends - count; the ends are the cache's new lengths, so XLA need not keep a copy of the old ones); new ``[B, K, T, H]`` keys;
+  are ends - count; the ends are the cache's new lengths, so XLA need not keep a copy of the old ones);
+  new ``[B, K, T, H]`` keys;
   the aliased leaves codes ``[B, K, S / n, H]`` uint8 (n codes per byte; `words`: the "words"
   layout's ``[B, K, S, 8 bits]`` uint16, `kvjax.packing.pack_words` per token row), scale and zero
   ``[B, K, S / G, H]``, res ``[B, K, R, H]`` (read before it is rewritten).

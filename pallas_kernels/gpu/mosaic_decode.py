@@ -290,13 +290,10 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window, merge_by
                           num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel,
                           merged=(rep, q.dtype), q_scale=scale, merge_by=merge_by)
     return out.reshape(b, n, t, h)
-  if glue:  # the cache's lengths (the kernel subtracts), and (query_here) the query as it is (it scales and pads)
-    o_t, m, l = mk.kivi2_states(q.reshape(b, kh, rep, h) if query_here else q_t, None, kc, ks, kz, vc, vs, vz,
-                                num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel,
-                                q_scale=scale if query_here else None)
-  else:
-    o_t, m, l = mk.kivi2_states(q_t, quantized_lengths, kc, ks, kz, vc, vs, vz, num_splits=num_splits,
-                                variant=variant, interpret=interpret, window=in_kernel)
+  # glue: the cache's lengths (the kernel subtracts); query_here: the query as it is (the kernel scales and pads)
+  o_t, m, l = mk.kivi2_states(q.reshape(b, kh, rep, h) if query_here else q_t, None if glue else quantized_lengths,
+                              kc, ks, kz, vc, vs, vz, num_splits=num_splits, variant=variant, interpret=interpret,
+                              window=in_kernel, q_scale=scale if query_here else None)
   if window == "kernel" and pallas_merge:  # NS + 1 states, the window's last, merged by one Triton kernel
     out = merge.merge_states(o_t, m, l, rep, q.dtype, interpret=interpret, transposed=True)[:, :, :rep]
     return out.reshape(b, n, t, h)

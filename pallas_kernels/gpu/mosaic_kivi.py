@@ -475,6 +475,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if q_scale is not None:
     q_t, extra = q_rows, extra + (jnp.reshape(jnp.asarray(q_scale, jnp.float32), (1,)),)  # a free reshape
   flat = lambda x, n_: x.reshape(b, kh, *sblock(tiles, n_))  # free reshapes
-  res = f(q_t, lengths if lengths is not None else w_len, magic, kc, vc.reshape(b, kh, tiles * h, wpr), flat(ks, h), flat(kz, h),
+  res = f(q_t, lengths if lengths is not None else w_len, magic, kc, vc.reshape(b, kh, tiles * h, wpr), flat(ks, h),
+          flat(kz, h),
           flat(vs, TILE), flat(vz, TILE), *extra)
   return res if merged is None else res[-1]

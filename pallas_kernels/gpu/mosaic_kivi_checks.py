@@ -25,7 +25,8 @@ def options(variant) -> Options:
 def check(q_t, q_rows, lengths, kc, ks, kz, vc, vs, vz, *, opt: Options, variant, num_splits: int, window, merged,
           merge_by: str):
   """Raises ValueError naming the argument for what `kivi2_states` cannot take; returns (b, kh, h, s,
-  bits, group, n_states). lengths: [B], or None with a window. q_t: the transposed query's shape [B, K, 128, 16]; q_rows: the caller's rows
+  bits, group, n_states). lengths: [B], or None with a window. q_t: the transposed query's shape
+  [B, K, 128, 16]; q_rows: the caller's rows
   when the kernel scales them (q_scale), else None."""
   if q_rows is not None and (q_rows.ndim != 4 or q_rows.shape[3] != 128 or not 1 <= q_rows.shape[2] <= ROWS):
     raise ValueError(f"with q_scale, q_t must be the query rows [B, K, rows <= {ROWS}, 128], got {q_rows.shape}")
