@@ -26,10 +26,9 @@ from kvjax import quant
 from kvjax.formats import KIVISpec
 from pallas_kernels.gpu import decode, merge, mosaic_epilogue as epilogue, mosaic_kivi as mk, window_merge
 
-__all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT", "GROUPED_VARIANT", "GROUPS",
-           "BITS",
-           "WINDOWS", "DEFAULT_WINDOW", "auto_window", "GLUE_IN_KERNEL", "PALLAS_MERGE", "pallas_merge_default",
-           "QUERY_IN_KERNEL_MAX_ROWS"]
+__all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT",
+           "GROUPED_VARIANT", "GROUPS", "BITS", "WINDOWS", "DEFAULT_WINDOW", "auto_window", "GLUE_IN_KERNEL",
+           "PALLAS_MERGE", "pallas_merge_default"]
 
 # Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
 # 8 splits (144.2 at 4), folded_lazy (session 11's default) 185.0 / 190.9, dequant2 136.3 at 4; B=1 32k
@@ -103,13 +102,10 @@ MERGE_BY = "count"
 # for few programs (`pallas_merge_default`: B=1 1k).
 GLUE_IN_KERNEL = True
 PALLAS_MERGE = True  # False: always XLA's merge
-# The query read in the kernel only up to this many rows (heads per KV head x tokens). Compiled for an H200 on the
-# CPU (session 24), the kernel with `q_scale` builds in 3-7 s at 1, 2 and 4 rows, but at 8 rows Mosaic GPU's layout
-# inference searches past its budget ("Layout inference failed to find a solution", after 20 s with the window;
-# over 400 s without it) and 16 rows (4 tokens) at G=32 took 55 s: `mosaic_epilogue.load_query_t`'s zero fill,
-# TMA into a row slice and transposed load leave the scoped buffer's tiling to the search. Above it the query is
-# prepared by XLA (one fusion more); the lengths are computed in the kernel at any row count.
-QUERY_IN_KERNEL_MAX_ROWS = 4
+# The query is read in the kernel at any row count (1-16: heads per KV head x tokens). Session 24 limited it to 4
+# rows: at 8 and more, Mosaic GPU's layout inference found no layout for `mosaic_epilogue.load_query_t`'s zero fill
+# of the scoped buffer (20-400 s, then "Layout inference failed to find a solution"); session 25 masks the rows
+# after the load instead, and 8 and 16 rows build in ~4 s (`benchmarks/runs/session24_layout_aot.py`, CPU).
 
 
 def pallas_merge_default(batch: int, kv_heads: int, states: int) -> bool:
@@ -229,9 +225,8 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   kernel_merge: with the window in the kernel, its NS + 1 states merged there too (as `MERGE_BY`), where they
   are at most `mosaic_epilogue.CLUSTER_MAX`; None: `KERNEL_MERGE` where the programs fit one wave
   (`KERNEL_MERGE_MAX_PROGRAMS`).
-  glue_in_kernel: with the window in the kernel and the merge outside it, the quantized lengths and (up to
-  `QUERY_IN_KERNEL_MAX_ROWS` rows) the query's scale, transpose and pad done in the kernel (no XLA op before the
-  call); None: `GLUE_IN_KERNEL`.
+  glue_in_kernel: with the window in the kernel and the merge outside it, the quantized lengths and the query's
+  scale, transpose and pad done in the kernel (no XLA op before the call); None: `GLUE_IN_KERNEL`.
   pallas_merge: with the window in the kernel and the merge outside it, the merge as one Triton kernel
   (`merge.merge_states`) rather than XLA's; None: `pallas_merge_default`."""
   if (why := supports(cache)) is not None:
@@ -255,28 +250,26 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
     raise ValueError("window 'pallas' (window_merge) reads 2-bit G=128 keys; a G=32 or 4-bit cache takes 'kernel' "
                      "or 'xla'")
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
-  query_fits = n // kh * t <= QUERY_IN_KERNEL_MAX_ROWS  # and the merged rows: 16-bit (session 24, compiled:
-  # f32 rows fail layout inference, `benchmarks/NOTES_gpu.md`)
+  # The merged rows 16-bit only (session 24, compiled: f32 rows fail layout inference, `benchmarks/NOTES_gpu.md`).
   merge_here = (KERNEL_MERGE and b * kh * (num_splits + 1) <= KERNEL_MERGE_MAX_PROGRAMS
                 if kernel_merge is None else kernel_merge) and window == "kernel" \
-      and epilogue.cluster_merge_ok(num_splits + 1) and query_fits and jnp.dtype(q.dtype).itemsize == 2
+      and epilogue.cluster_merge_ok(num_splits + 1) and jnp.dtype(q.dtype).itemsize == 2
   glue = (GLUE_IN_KERNEL if glue_in_kernel is None else glue_in_kernel) and window == "kernel"
-  query_here = glue and query_fits
   if pallas_merge is None:
     pallas_merge = pallas_merge_default(b, kh, num_splits + 1)
   pallas_merge = pallas_merge and window == "kernel"
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
                  interpret=interpret, window=window, merge_by=MERGE_BY if merge_here else None, glue=glue,
-                 query_here=query_here, pallas_merge=pallas_merge)
+                 pallas_merge=pallas_merge)
 
 
 # A jit of its own: a model calls this once per layer, and nested jits of one signature are traced and
 # lowered once (Mosaic GPU's lowering takes ~2 s a call on a CPU core: 32 layers unrolled took longer
 # than the 120 s a session-12 throughput row allowed).
 @functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window", "merge_by", "glue",
-                                             "query_here", "pallas_merge"))
+                                             "pallas_merge"))
 def _decode(q, cache, scale, *, num_splits, variant, interpret, window, merge_by=None, glue=False,  # noqa: PLR0913
-            query_here=False, pallas_merge=False):
+            pallas_merge=False):
   b, n, t, h = q.shape
   kh = cache.num_kv_heads
   rep = n // kh * t  # query rows per KV head: head-major, then token
@@ -290,10 +283,10 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window, merge_by
                           num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel,
                           merged=(rep, q.dtype), q_scale=scale, merge_by=merge_by)
     return out.reshape(b, n, t, h)
-  # glue: the cache's lengths (the kernel subtracts); query_here: the query as it is (the kernel scales and pads)
-  o_t, m, l = mk.kivi2_states(q.reshape(b, kh, rep, h) if query_here else q_t, None if glue else quantized_lengths,
+  # glue: the cache's lengths (the kernel subtracts) and the query as it is (the kernel scales and pads)
+  o_t, m, l = mk.kivi2_states(q.reshape(b, kh, rep, h) if glue else q_t, None if glue else quantized_lengths,
                               kc, ks, kz, vc, vs, vz, num_splits=num_splits, variant=variant, interpret=interpret,
-                              window=in_kernel, q_scale=scale if query_here else None)
+                              window=in_kernel, q_scale=scale if glue else None)
   if window == "kernel" and pallas_merge:  # NS + 1 states, the window's last, merged by one Triton kernel
     out = merge.merge_states(o_t, m, l, rep, q.dtype, interpret=interpret, transposed=True)[:, :, :rep]
     return out.reshape(b, n, t, h)

@@ -67,18 +67,20 @@ def _load(ref, layout, interpret, optimized=True):
 
 def load_query_t(q_ref, scale, q_smem, bar, *, interpret: bool):
   """q_ref [rows, H] (global, the caller's dtype) -> q_smem [H, N] (its dtype: fp16 for the FP8 kernel's B
-  operand, f32 for the KIVI-2 kernel's) = (q x scale)^T, rows past `rows` zero. By way of a scoped [N, H]
+  operand, f32 for the KIVI-2 kernel's) = (q x scale)^T, rows past `rows` zero (masked). By way of a scoped [N, H]
   buffer of q_ref's dtype (free again for the pipeline). Once per program: the transposed load is unoptimized."""
   rows = q_ref.shape[0]
   n, h = q_smem.shape[1], q_smem.shape[0]
 
   def prep(qin):
-    qin[...] = jnp.zeros(qin.shape, qin.dtype)
-    plgpu.commit_smem()  # the zeros before the TMA's rows
     plgpu.copy_gmem_to_smem(q_ref, qin.at[pl.ds(0, rows)], bar)
     plgpu.barrier_wait(bar)
-    x = _load(qin.transpose((1, 0)), plgpu.Layout.WGMMA, interpret, optimized=False)
-    q_smem[...] = (x.astype(jnp.float32) * scale).astype(q_smem.dtype)
+    x = _load(qin.transpose((1, 0)), plgpu.Layout.WGMMA, interpret, optimized=False).astype(jnp.float32)
+    # The rows past `rows` masked after the load, not zero-filled before the TMA: a fill of the scoped buffer left
+    # its tiling to Mosaic GPU's layout inference, which found none at 8 rows or more (session 24, compiled for
+    # an H200 on the CPU; `benchmarks/runs/session24_layout_aot.py`).
+    col = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    q_smem[...] = (jnp.where(col < rows, x, 0.0) * scale).astype(q_smem.dtype)
     plgpu.commit_smem()
   pl.run_scoped(prep, plgpu.SMEM((n, h), q_ref.dtype))
 
