@@ -90,6 +90,13 @@ def kivi2_unpacked_case(lengths, *, num_kv_heads=2, capacity=512, rows=16, seed=
   return tuple(map(jnp.asarray, case))
 
 
+def assert_same_bits(want, got):
+  """Two pytrees (caches) equal bit for bit, leaf by leaf: same shapes, dtypes and bytes."""
+  for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got), strict=True):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
 def relative_error(out, ref) -> float:
   out = np.asarray(out, np.float64)
   ref = np.asarray(ref, np.float64)

@@ -47,12 +47,6 @@ def test_append_inplace_matches_append(fmt_name):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
-def _assert_same_bits(want, got):
-  for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got), strict=True):
-    assert a.shape == b.shape and a.dtype == b.dtype
-    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
-
-
 @pytest.mark.parametrize("fmt_name", list(test_base.ALL_FORMATS) + ["kivi2_sink4", "fp8_e4m3+tile64",
                                                                    "int8+tile32"])
 def test_pallas_append_equals_xla_append(fmt_name):
@@ -68,7 +62,7 @@ def test_pallas_append_equals_xla_append(fmt_name):
     _, c = test_base.make_case(name, [0, 1, 127, 128, 254], capacity=256, value_tile=int(tile or 0), kivi_layout="")
     assert c.v.tile == int(tile or 0)
   k = jax.random.normal(jax.random.PRNGKey(1), (5, 2, 1, 128)) * 3
-  _assert_same_bits(cache_lib.append(c, k, -k), write.append(c, k, -k, interpret=INTERPRET))
+  test_base.assert_same_bits(cache_lib.append(c, k, -k), write.append(c, k, -k, interpret=INTERPRET))
   k3 = jax.random.normal(jax.random.PRNGKey(2), (5, 2, 3, 128))
   n = jnp.asarray([3, 0, 1, 2, 2])  # the last sequence reaches capacity, then (under jit) drops
   want, got = c, c
@@ -76,7 +70,7 @@ def test_pallas_append_equals_xla_append(fmt_name):
     ref_fn = lambda c_: cache_lib.append(c_, k3, k3 * 0.5, n)
     pl_fn = lambda c_: write.append(c_, k3, k3 * 0.5, n, interpret=INTERPRET)
     want, got = (jax.jit(ref_fn) if jit else ref_fn)(want), (jax.jit(pl_fn) if jit else pl_fn)(got)
-    _assert_same_bits(want, got)
+    test_base.assert_same_bits(want, got)
   assert int(got.lengths[-1]) == 256
 
 
@@ -87,12 +81,12 @@ def test_pallas_append_stacked_and_dispatch(fmt_name, tile):
   _, c = test_base.make_case(fmt_name, [126, 127, 300], value_tile=tile)
   stacked = cache_lib.stack([c, c])
   k = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 2, 1, 128))
-  _assert_same_bits(cache_lib.append(stacked, k, k),
+  test_base.assert_same_bits(cache_lib.append(stacked, k, k),
                     cache_lib.append(stacked, k, k, write_rows=lambda c_, w: write.write_rows(
                         c_, w, interpret=INTERPRET)))
   k1 = k[0]
-  _assert_same_bits(cache_lib.append(c, k1, k1), dispatch.append(c, k1, k1, implementation="pallas_gpu"))
-  _assert_same_bits(cache_lib.append(c, k1, k1), dispatch.append(c, k1, k1, implementation="xla"))
+  test_base.assert_same_bits(cache_lib.append(c, k1, k1), dispatch.append(c, k1, k1, implementation="pallas_gpu"))
+  test_base.assert_same_bits(cache_lib.append(c, k1, k1), dispatch.append(c, k1, k1, implementation="xla"))
   with pytest.raises(ValueError, match="unknown implementation"):
     dispatch.append(c, k1, k1, implementation="cuda_magic")
 
@@ -106,7 +100,7 @@ def test_pallas_append_declines_rows_triton_cannot_tile():
     write.append(c, k, k, interpret=True)
   with pytest.warns(UserWarning, match="declined"):
     got = dispatch.append(c, k, k, implementation="pallas_gpu", warn_on_fallback=True)
-  _assert_same_bits(cache_lib.append(c, k, k), got)
+  test_base.assert_same_bits(cache_lib.append(c, k, k), got)
 
 
 def test_decode_step_equals_append_then_reference():
@@ -396,98 +390,6 @@ def test_packed_unpack_needs_a_gpu():
   # interpret mode turns the default off: the default plan still runs (and matches) off a GPU
   ref = attention.decode_attention(q.astype(jnp.float32), c)
   assert test_base.relative_error(ops.decode_attention(q, c, interpret=True), ref) < 1e-2
-
-
-KIVI_FLUSH_FORMATS = {"kivi2": formats.preset("kivi2"), "kivi4": formats.preset("kivi4"),
-                      "kivi2_g128": formats.preset("kivi2_g128"), "kivi4_sink3": formats.kivi(4, 32, 128, sink=3),
-                      # "words" (`QArray.layout`): key blocks packed per token row, value codes into their bit
-                      # planes; R = 256 is two key groups a block; 4-bit: 4 codes a word, two word tiles a row
-                      "kivi2_g128+words": formats.preset("kivi2_g128"),
-                      "kivi2_g128_sink3+words": formats.kivi(2, 128, 128, sink=3),
-                      "kivi2_g128_r256+words": formats.kivi(2, 128, 256),
-                      "kivi4+words": formats.preset("kivi4"), "kivi4_g128+words": formats.kivi(4, 128, 128)}
-
-
-def _skip_native_words(fmt, words):
-  if words and not INTERPRET and fmt.key.bits not in write.NATIVE_WORDS_BITS:
-    pytest.skip(f"{fmt.key.bits}-bit words: the compiled writer is held back (write.NATIVE_WORDS_BITS)")
-
-
-def _stale_words(c):
-  """A "words" cache over reused buffers: random code bits a writer must replace, not OR into."""
-  bits = lambda a: jax.random.bits(jax.random.key(a.size), a.shape, jnp.uint16)
-  return c.replace(k=c.k.replace(codes=bits(c.k.codes)), v=c.v.replace(codes=bits(c.v.codes)))
-
-
-@pytest.mark.parametrize("fmt_name", list(KIVI_FLUSH_FORMATS))
-def test_pallas_kivi_key_flush_equals_xla(fmt_name):
-  """The in-kernel KIVI key flush (`flush.py`) == `cache.flush_rows` + XLA scatters, bit for bit:
-  T = 1 and T = 3 (ragged num_new) across block ends 127 -> 128 and 255 -> 256, a block completed
-  by a middle token of T = 3, a sink block, and capacity drops at S = 384 (under jit)."""
-  fmt, words = KIVI_FLUSH_FORMATS[fmt_name], fmt_name.endswith("+words")
-  _skip_native_words(fmt, words)
-  c = cache_lib.init_cache(fmt, 6, 2, 384 + 128 * (fmt.residual > 128), 128, kivi_layout="words" if words else "")
-  c = _stale_words(c) if words else c
-  s_cap = c.capacity
-  x = jax.random.normal(jax.random.PRNGKey(0), (6, 2, s_cap, 128)) * jnp.linspace(0.1, 4, 128)
-  c = cache_lib.append(c, x, -x, jnp.asarray([0, 127, 126, 255, 254, s_cap - 1]))
-  ref = lambda c_, k_, n_: cache_lib.append(c_, k_, k_ * 0.25, n_)
-  pal = lambda c_, k_, n_: write.append(c_, k_, k_ * 0.25, n_, interpret=INTERPRET, flush_in_kernel=True)
-  want = got = c
-  steps = [(1, None), (3, [3, 2, 3, 1, 3, 2]), (1, [1, 0, 1, 1, 1, 1]), (3, [0, 3, 1, 3, 2, 3])]
-  for i, (t, n) in enumerate(steps):
-    k = jax.random.normal(jax.random.PRNGKey(10 + i), (6, 2, t, 128)) * (1 + 3 * (i % 2))
-    n = None if n is None else jnp.asarray(n)
-    jit = i >= 1  # past capacity: an error eagerly, dropped under jit
-    want = (jax.jit(ref) if jit else ref)(want, k, n)
-    got = (jax.jit(pal) if jit else pal)(got, k, n)
-    _assert_same_bits(want, got)
-  np.testing.assert_array_equal(np.asarray(got.lengths), [5, 133, 132, 261, 261, s_cap])
-  # every sequence but the first crossed a block end (the last at capacity): the flushed blocks hold codes
-  flushed = [False] + [True] * 5 if fmt.residual == 128 else [False, False, False, True, True, True]
-  changed = np.asarray(got.k.codes != c.k.codes).reshape(6, -1).any(1)
-  np.testing.assert_array_equal(changed, flushed)
-
-
-@pytest.mark.parametrize("fmt", [formats.preset("kivi2_g128"), formats.kivi(4, 128, 128)], ids=["kivi2", "kivi4"])
-def test_pallas_append_words_planes_share_words(fmt, monkeypatch):
-  """T = 20 tokens in one "words" append: tokens 16 apart share value words (other bit planes), so each store
-  keeps the others' bits; == XLA scatters, bit for bit (the kernel: natively `write_rows` refuses T > 16 at 4 bits)."""
-  _skip_native_words(fmt, True)
-  monkeypatch.setattr(write, "NATIVE_WORDS4_MAX_TOKENS", 64)
-  c = _stale_words(cache_lib.init_cache(fmt, 2, 1, 256, 128, kivi_layout="words"))
-  x = jax.random.normal(jax.random.PRNGKey(0), (2, 1, 128, 128))
-  c = cache_lib.append(c, x, x, jnp.asarray([3, 110]))  # the second crosses a tile (and key block) end
-  y = jax.random.normal(jax.random.PRNGKey(1), (2, 1, 20, 128))
-  rows = lambda c_, w: write.write_rows(c_, w, interpret=INTERPRET)
-  _assert_same_bits(cache_lib.append(c, y, -y, jnp.asarray([20, 19])),
-                    cache_lib.append(c, y, -y, jnp.asarray([20, 19]), write_rows=rows))
-
-
-def test_flush_helpers_match_quant():
-  """`flush.py`'s lowerable nextafter / round_down / step_for / div_round == `kvjax.quant`'s."""
-  from kvjax import quant
-  from pallas_kernels.gpu import flush
-  rng = np.random.default_rng(0)
-  x = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-8, 5, 4000),
-                      [0.0, -0.0, 1e-40, -1e-40, 3e-39, 1.0, -1.0, 2 ** -126, 65504.0]]).astype(np.float32)
-  x = jnp.asarray(x)
-  for dt in (jnp.bfloat16, jnp.float16, jnp.float32):
-    r = x.astype(dt)
-    for up in (True, False):
-      want = jnp.nextafter(r, jnp.array(jnp.inf if up else -jnp.inf, dt))
-      np.testing.assert_array_equal(np.asarray(flush._next(r, up)).view(np.uint8), np.asarray(want).view(np.uint8))
-    np.testing.assert_array_equal(np.asarray(flush.round_down(x, dt)).view(np.uint8),
-                                  np.asarray(quant.round_down(x, dt)).view(np.uint8))
-    span = jnp.abs(x)
-    for qmax in (3, 15):
-      np.testing.assert_array_equal(np.asarray(flush.step_for(span, qmax, dt)).view(np.uint8),
-                                    np.asarray(quant.step_for(span, qmax, dt)).view(np.uint8))
-  s = quant.step_for(jnp.abs(x[:1000]) + 1e-3, 3, jnp.bfloat16).astype(jnp.float32)
-  t = jnp.abs(x[1000:2000]) % (3.5 * s)
-  ties = (jnp.arange(1000) % 8 * 0.5) * s  # exact halves: round half to even
-  for tt in (t, ties):
-    np.testing.assert_array_equal(np.asarray(flush.div_round(tt, s)), np.asarray(quant.div_round(tt, s)))
 
 
 def test_fold_value_scales_excludes_joined_values():
