@@ -9,7 +9,8 @@ compiles: the search runs 20-260 s, then fails.
 Cases: "states:ROWS:DTYPE[:merged]" (`kivi2_states` on a 2 x 1 x 512 G=128 cache, 2 splits, no window, the query
 prepared by XLA; merged: the states merged in the kernel into rows of DTYPE) and "ops:FMT:HEADS:T[:q]"
 (`mosaic_decode.decode_attention`, window in the kernel, default glue; q: the query read in the kernel at any row
-count, `QUERY_IN_KERNEL_MAX_ROWS` lifted).
+count, session 24's `QUERY_IN_KERNEL_MAX_ROWS` lifted: since session 25 there is no limit and q changes nothing).
+Session 25's run (the masked `load_query_t`): `decode_parts/session25/layout_aot_h200.json`.
 """
 import argparse
 import json
@@ -44,7 +45,7 @@ def one(case):
   else:
     fmt, heads, t = formats.preset(p[0]), int(p[1]), int(p[2])
     if p[3:] == ["q"]:
-      md.QUERY_IN_KERNEL_MAX_ROWS = 16
+      md.QUERY_IN_KERNEL_MAX_ROWS = 16  # session 24's limit (gone since session 25: no effect)
     args = (jax.ShapeDtypeStruct((2, heads, t, 128), jnp.bfloat16),
             jax.eval_shape(lambda: cache_lib.init_cache(fmt, 2, 1, 1024, 128, kivi_layout="words")))
     fn = lambda q, c: md.decode_attention(q, c, num_splits=2, window="kernel", interpret=False)
