@@ -65,22 +65,34 @@ def _load(ref, layout, interpret, optimized=True):
   return ref[...] if interpret else plgpu.load(ref, (), layout=layout, optimized=optimized)
 
 
+# Up to this many query rows `load_query_t` zero-fills its buffer before the TMA; above it, it masks the rows
+# after the load. The fill fails Mosaic GPU's layout inference at 8 rows and more (session 24, compiled for an
+# H200 on the CPU: "failed to find a solution" after 20-400 s); the mask builds at any row count in ~4 s but costs
+# registers: at 4 rows the KIVI kernel's glue build went from 128 to 133 (G=128) and 130 (KIVI-4) registers, 3
+# programs per SM instead of 4, and B=8 32k from 112 to 144 us (G=128) and 159 to 199 (KIVI-4) on an H100
+# (session 25, `benchmarks/mosaic_sass.py --builds g:VARIANT:glue`, `decode_parts/session25/`).
+ZERO_FILL_MAX_ROWS = 4
+
+
 def load_query_t(q_ref, scale, q_smem, bar, *, interpret: bool):
   """q_ref [rows, H] (global, the caller's dtype) -> q_smem [H, N] (its dtype: fp16 for the FP8 kernel's B
-  operand, f32 for the KIVI-2 kernel's) = (q x scale)^T, rows past `rows` zero (masked). By way of a scoped [N, H]
-  buffer of q_ref's dtype (free again for the pipeline). Once per program: the transposed load is unoptimized."""
+  operand, f32 for the KIVI-2 kernel's) = (q x scale)^T, rows past `rows` zero (a zero fill up to
+  `ZERO_FILL_MAX_ROWS` rows, masked above). By way of a scoped [N, H] buffer of q_ref's dtype (free again for
+  the pipeline). Once per program: the transposed load is unoptimized."""
   rows = q_ref.shape[0]
   n, h = q_smem.shape[1], q_smem.shape[0]
+  fill = rows <= ZERO_FILL_MAX_ROWS
 
   def prep(qin):
+    if fill:
+      qin[...] = jnp.zeros(qin.shape, qin.dtype)
+      plgpu.commit_smem()  # the zeros before the TMA's rows
     plgpu.copy_gmem_to_smem(q_ref, qin.at[pl.ds(0, rows)], bar)
     plgpu.barrier_wait(bar)
     x = _load(qin.transpose((1, 0)), plgpu.Layout.WGMMA, interpret, optimized=False).astype(jnp.float32)
-    # The rows past `rows` masked after the load, not zero-filled before the TMA: a fill of the scoped buffer left
-    # its tiling to Mosaic GPU's layout inference, which found none at 8 rows or more (session 24, compiled for
-    # an H200 on the CPU; `benchmarks/runs/session24_layout_aot.py`).
-    col = lax.broadcasted_iota(jnp.int32, x.shape, 1)
-    q_smem[...] = (jnp.where(col < rows, x, 0.0) * scale).astype(q_smem.dtype)
+    if not fill:  # rows past `rows` are whatever the buffer held
+      x = jnp.where(lax.broadcasted_iota(jnp.int32, x.shape, 1) < rows, x, 0.0)
+    q_smem[...] = (x * scale).astype(q_smem.dtype)
     plgpu.commit_smem()
   pl.run_scoped(prep, plgpu.SMEM((n, h), q_ref.dtype))
 
