@@ -104,8 +104,9 @@ GLUE_IN_KERNEL = True
 PALLAS_MERGE = True  # False: always XLA's merge
 # The query is read in the kernel at any row count (1-16: heads per KV head x tokens). Session 24 limited it to 4
 # rows: at 8 and more, Mosaic GPU's layout inference found no layout for `mosaic_epilogue.load_query_t`'s zero fill
-# of the scoped buffer (20-400 s, then "Layout inference failed to find a solution"); session 25 masks the rows
-# after the load instead, and 8 and 16 rows build in ~4 s (`benchmarks/runs/session24_layout_aot.py`, CPU).
+# of the scoped buffer (20-400 s, then "Layout inference failed to find a solution"); since session 25 it masks
+# the rows after the load above 4 rows (`mosaic_epilogue.ZERO_FILL_MAX_ROWS`), and 8 and 16 rows build in ~4 s
+# (`benchmarks/runs/session24_layout_aot.py`, CPU; natively right at 16 rows).
 
 
 def pallas_merge_default(batch: int, kv_heads: int, states: int) -> bool:
