@@ -265,3 +265,19 @@ def test_kivi4_cache_matches_the_library_reference(fmt, lengths, appends, t, win
   c, *_ = _words_case_matches(fmt, lengths, appends, t, window, via_ops=window == "kernel" and t == 1 and not glue,
                               glue=glue)
   assert c.k.codes.shape[-1] == c.v.codes.shape[-1] == 32
+
+
+def test_merge_pads_m_so_l_stays_tma_aligned():
+  """The in-kernel merge reads m and l (NS + 1 rows of N f32 each, one buffer) by TMA, whose shared-memory
+  destination must sit on a 128-byte boundary: m's rows are padded (`tma_padded`) so that l's start does."""
+  from pallas_kernels.gpu import mosaic_epilogue as ep
+  assert ep.TMA_SMEM_ALIGN == 128
+  for count in range(1, 12):
+    for row_bytes in (64, 128, 48, 4):  # N = 16 f32 (the kernels' rows), 32, 12, 1
+      padded = ep.tma_padded(count, row_bytes)
+      assert padded >= count and padded * row_bytes % 128 == 0
+      assert not any(p * row_bytes % 128 == 0 for p in range(count, padded))  # the least such count
+  assert [ep.tma_padded(c, 64) for c in (1, 2, 3, 5, 8, 9)] == [2, 2, 4, 6, 8, 10]
+  for bad in ((0, 64), (3, 0)):
+    with pytest.raises(ValueError, match="count and row_bytes must be positive"):
+      ep.tma_padded(*bad)

@@ -23,6 +23,7 @@ states' global buffers are outputs of the kernel that the caller drops.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax.numpy as jnp
 from jax import lax
@@ -32,7 +33,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.gpu.mosaic_options import MERGES  # merge_by_last, merge_in_cluster
 
 __all__ = ["CLUSTER_MAX", "MERGES", "load_query_t", "merge_in_cluster", "merge_by_last", "store_rows", "normalize",
-           "publish_global", "cluster_merge_ok", "merge_mesh", "merge_scratch", "merge_counters", "merge_states"]
+           "publish_global", "cluster_merge_ok", "merge_mesh", "merge_scratch", "merge_counters", "merge_states",
+           "tma_padded", "TMA_SMEM_ALIGN", "ZERO_FILL_MAX_ROWS"]
 
 CLUSTER_MAX = 8  # CUDA's portable cluster size: the most splits merged in the kernel
 
@@ -65,6 +67,11 @@ def _load(ref, layout, interpret, optimized=True):
   return ref[...] if interpret else plgpu.load(ref, (), layout=layout, optimized=optimized)
 
 
+# The alignment, in bytes, of a TMA's shared-memory address (CUDA's tensor-map copies). Session 25: the KIVI
+# in-kernel merge, with NS + 1 states (3 at 2 splits), read l into a buffer 3 x 64 = 192 bytes past m's, and
+# failed natively with CUDA_ERROR_MISALIGNED_ADDRESS; FP8's merges (2, 4 or 8 states: 128-byte multiples)
+# pass. The likely cause, now padded away (`tma_padded`); not yet run natively.
+TMA_SMEM_ALIGN = 128
 # Up to this many query rows `load_query_t` zero-fills its buffer before the TMA; above it, it masks the rows
 # after the load. The fill fails Mosaic GPU's layout inference at 8 rows and more (session 24, compiled for an
 # H200 on the CPU: "failed to find a solution" after 20-400 s); the mask builds at any row count in ~4 s but costs
@@ -112,6 +119,15 @@ def normalize(o, l):
   return o * jnp.where(l > 0, 1.0 / jnp.where(l > 0, l, 1.0), 0.0)[None, :]
 
 
+def tma_padded(count: int, row_bytes: int) -> int:
+  """The least multiple of `count`'s step at or above it such that `padded` rows of `row_bytes` end on a
+  TMA_SMEM_ALIGN boundary (the next buffer's TMA destination aligned)."""
+  if count < 1 or row_bytes < 1:
+    raise ValueError(f"count and row_bytes must be positive, got {count} and {row_bytes}")
+  step = TMA_SMEM_ALIGN // math.gcd(TMA_SMEM_ALIGN, row_bytes)
+  return -(-count // step) * step
+
+
 def _merge(states, out_ref, merger, *, num_splits: int, interpret: bool):
   """The states (st_o [NS, H, N], st_m, st_l [NS, N], global, written by other programs and published) merged
   by log-sum-exp into out_ref [rows, H] (global) by the program where merger(flag) (flag: a shared int32 [1]
@@ -120,11 +136,15 @@ def _merge(states, out_ref, merger, *, num_splits: int, interpret: bool):
   st_o, _, _ = states
   h, n = st_o.shape[1:]
 
+  # m and l one buffer: each scoped buffer takes whole KBs (the KIVI-2 kernel's 4 programs per SM need it). l's
+  # half starts at a multiple of TMA_SMEM_ALIGN bytes (a TMA's shared-memory address must be): its split axis
+  # padded, since at N = 16 a split is 64 bytes and a KIVI kernel merges NS + 1 states, often an odd count.
+  padded = tma_padded(num_splits, n * 4)
+
   def merge(o_smem, ml_smem, out_smem, flag, bar):
-    buffers = (o_smem, ml_smem.at[0], ml_smem.at[1], out_smem, bar)
+    buffers = (o_smem, ml_smem.at[0, pl.ds(0, num_splits)], ml_smem.at[1, pl.ds(0, num_splits)], out_smem, bar)
     pl.when(merger(flag))(lambda: _merge_here(states, out_ref, buffers, num_splits=num_splits, interpret=interpret))
-  # m and l one buffer: each scoped buffer takes whole KBs (the KIVI-2 kernel's 4 programs per SM need it)
-  pl.run_scoped(merge, plgpu.SMEM((num_splits, h, n), jnp.float32), plgpu.SMEM((2, num_splits, n), jnp.float32),
+  pl.run_scoped(merge, plgpu.SMEM((num_splits, h, n), jnp.float32), plgpu.SMEM((2, padded, n), jnp.float32),
                 plgpu.SMEM((n, h), out_ref.dtype), plgpu.SMEM((1,), jnp.int32), plgpu.Barrier(num_arrivals=3))
 
 
