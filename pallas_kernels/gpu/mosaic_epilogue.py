@@ -120,8 +120,8 @@ def normalize(o, l):
 
 
 def tma_padded(count: int, row_bytes: int) -> int:
-  """The least multiple of `count`'s step at or above it such that `padded` rows of `row_bytes` end on a
-  TMA_SMEM_ALIGN boundary (the next buffer's TMA destination aligned)."""
+  """The least row count >= count whose rows of row_bytes end on a TMA_SMEM_ALIGN boundary (so that a buffer
+  placed after them is a valid TMA destination)."""
   if count < 1 or row_bytes < 1:
     raise ValueError(f"count and row_bytes must be positive, got {count} and {row_bytes}")
   step = TMA_SMEM_ALIGN // math.gcd(TMA_SMEM_ALIGN, row_bytes)
