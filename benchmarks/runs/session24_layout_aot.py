@@ -44,8 +44,6 @@ def one(case):
     fn = lambda *a: mk.kivi2_states(*a, **kw)
   else:
     fmt, heads, t = formats.preset(p[0]), int(p[1]), int(p[2])
-    if p[3:] == ["q"]:
-      md.QUERY_IN_KERNEL_MAX_ROWS = 16  # session 24's limit (gone since session 25: no effect)
     args = (jax.ShapeDtypeStruct((2, heads, t, 128), jnp.bfloat16),
             jax.eval_shape(lambda: cache_lib.init_cache(fmt, 2, 1, 1024, 128, kivi_layout="words")))
     fn = lambda q, c: md.decode_attention(q, c, num_splits=2, window="kernel", interpret=False)
