@@ -24,11 +24,18 @@ def run_order(path):
 
 def merge(paths, out):
   """Rows of the result files at `paths` joined into `out`, one per (model, format, context): the latest run's
-  (`run_order`; a failed re-run never replaces a measured row)."""
-  rows, metas = {}, []
+  (`run_order`; a failed re-run never replaces a measured row). Files from different devices (`meta.device`)
+  are refused: their ratios to bf16 would mix cards."""
+  rows, metas, devices = {}, [], {}
   for p in sorted(paths, key=run_order):
     d = json.load(open(p))
     metas.append(d.get("meta"))
+    device = (d.get("meta") or {}).get("device")
+    if device is not None:
+      devices.setdefault(device, p)
+    if len(devices) > 1:
+      raise ValueError(f"paths: files from more than one device, {devices} (device: first file); expected one "
+                       f"device per merged table")
     for r in d["rows"]:
       key = (r["model"], r["format"], r["context"])
       if r.get("error") and rows.get(key, {}).get("tokens_per_s"):
@@ -46,7 +53,7 @@ def ratios(rows):
   for r in rows:
     b = base.get((r["model"], r["context"]))
     tps = (r["tokens_per_s"] / b["tokens_per_s"]) if b and r.get("tokens_per_s") and b.get("tokens_per_s") else None
-    mb = (r["max_batch"] / b["max_batch"]) if b and b.get("max_batch") else None
+    mb = (r["max_batch"] / b["max_batch"]) if b and r.get("max_batch") and b.get("max_batch") else None
     out.append((r, tps, mb))
   return out
 
@@ -79,8 +86,8 @@ def plot(rows, path):
   fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(4.2 * max(len(groups), 1), 4), squeeze=False)
   for ax, (m, c) in zip(axes[0], groups):
     sel = {r["format"]: r for r in rows if r["model"] == m and r["context"] == c}
-    xs = [f for f in fmts if f in sel]
-    ys = [sel[f].get("tokens_per_s") or 0 for f in xs]
+    xs = [f for f in fmts if sel.get(f, {}).get("tokens_per_s")]  # a failed row has no bar
+    ys = [sel[f]["tokens_per_s"] for f in xs]
     bars = ax.bar(range(len(xs)), ys, color="tab:blue")
     for bar, f in zip(bars, xs):
       ax.annotate(f"B={sel[f]['max_batch']}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
@@ -88,8 +95,10 @@ def plot(rows, path):
     ax.set_xticks(range(len(xs)), xs, rotation=30, fontsize=8)
     ax.set_title(f"{m}, context {c // 1024}k", fontsize=9)
     ax.set_ylabel("decode tokens/s at max batch")
-  budget = rows[0].get("budget_gib") if rows else None
-  fig.suptitle(f"Decode throughput at a fixed KV budget ({budget:g} GiB)" if budget else "Decode throughput")
+  budget = next((r["budget_gib"] for r in rows if r.get("budget_gib")), None)
+  device = next((r["device"] for r in rows if r.get("device")), None)
+  fig.suptitle((f"Decode throughput at a fixed KV budget ({budget:g} GiB)" if budget else "Decode throughput")
+               + (f"\n{device}" if device else ""), fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -122,3 +122,19 @@ def test_merge_keeps_the_latest_run(tmp_path):
   assert got == {"kivi2": 1542.0, "bf16": 900.0}
   assert [throughput_report.run_order(n)[:2] for n in ("a_s16e.json", "a_s16d.json", "a.json")] == [
       (16, "e"), (16, "d"), (0, "")]
+
+
+def test_merge_refuses_two_devices_and_summary_takes_a_failed_row(tmp_path):
+  """Rows from an H100 and an H200 are not merged into one table (their bf16 ratios would mix cards); the
+  summary prints a failed row (no max_batch: session 26's unknown format name) beside the measured ones."""
+  import throughput_report
+  row = lambda fmt, tps, mb: {"model": "llama3_8b", "format": fmt, "context": 32768, "tokens_per_s": tps,
+                              "max_batch": mb}
+  for name, device in (("a_s1.json", "NVIDIA H200"), ("b_s2.json", "NVIDIA H100 80GB HBM3")):
+    (tmp_path / name).write_text(json.dumps({"meta": {"device": device}, "rows": [row("bf16", 500.0, 9)]}))
+  with pytest.raises(ValueError, match="more than one device"):
+    throughput_report.merge([str(tmp_path / "a_s1.json"), str(tmp_path / "b_s2.json")], str(tmp_path / "o.json"))
+  text = throughput_report.summary([row("bf16", 480.0, 9), {**row("fp8", None, None), "error": "unknown format"},
+                                    row("fp8_e4m3", 952.0, 19)])
+  assert "| fp8 | 32768 | None (-x) | - (-x) |" in text and "unknown format" in text
+  assert "target fp8_e4m3 >= 1.9x bf16 tokens/s (llama3_8b, 32k): 1.98x (max batch 2.11x) MET" in text
