@@ -484,7 +484,7 @@ def main():
           add(p, "bf16", b, ctx, *bf16_peer_row(p, b, ctx, args.reps, key))
       save(args.out, meta, rows)
   summary(rows, tb, log)
-  plot(rows, os.path.splitext(args.out)[0] + ".png", meta["head_shape"])
+  plot(rows, os.path.splitext(args.out)[0] + ".png", meta["head_shape"], meta["device_kind"])
 
 
 if __name__ == "__main__":

@@ -31,10 +31,12 @@ def merge_and_plot(paths, out):
   with open(out, "w") as fh:
     json.dump({"meta": metas, "rows": rows}, fh, indent=1)
   summary(rows, metas[-1]["stream_tbps"], print)
-  plot(rows, os.path.splitext(out)[0] + ".png", metas[-1].get("head_shape"))
+  plot(rows, os.path.splitext(out)[0] + ".png", metas[-1].get("head_shape"), metas[-1].get("device_kind"))
 
 
-def plot(rows, path, head_shape=None):
+def plot(rows, path, head_shape=None, device=None):
+  """Step time vs context, one panel per batch: the bf16 peers dashed, kvjax's default kernels solid;
+  `device` (a device_kind) heads each panel."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -57,7 +59,7 @@ def plot(rows, path, head_shape=None):
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("us per decode step (one layer)")
     hs = head_shape or dataclasses.asdict(SHAPES["llama3_8b"])
-    ax.set_title(f"H200, B={b}, {hs['n_heads']}q/{hs['k_heads']}kv heads, d={hs['head_dim']}"
+    ax.set_title(f"{device or 'GPU'}, B={b}, {hs['n_heads']}q/{hs['k_heads']}kv heads, d={hs['head_dim']}"
                  + (f", soft-cap {hs['softcap']:g}" if hs.get("softcap") else ""))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=6, loc="upper left")

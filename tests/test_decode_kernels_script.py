@@ -86,3 +86,29 @@ def test_profile_trace_parsing(tmp_path):
     f(a).block_until_ready()
   real = profile_step.kernel_times(profile_step._read_trace(str(tmp_path)), 1, process="CPU", thread="")
   assert real["busy_us"] > 0 and real["span_us"] > 0 and real["kernels"]
+
+
+def test_promote_retires_triton_kivi_rows(tmp_path):
+  """`benchmarks/runs/session26_promote.py`: the table's kivi2 / kivi4 `kvjax` rows become `kvjax_triton`, a
+  source's renamed rows (and its torch rows) replace the table's per (impl, format, batch, context), other
+  impls of a source are dropped, a second run changes nothing, and a source from another card is refused."""
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "runs"))
+  import session26_promote as sp
+  row = lambda impl, fmt, us, ctx=32768: dict(impl=impl, format=fmt, batch=8, context=ctx, us=us)
+  h200 = {"device_kind": "NVIDIA H200", "stream_tbps": 4.4}
+  table = {"meta": [[{"device": "cuda:0"}], h200],
+           "rows": [row("kvjax", "kivi2", 350.0), row("kvjax", "kivi4", 362.0), row("kvjax", "fp8_e4m3", 141.0),
+                    row("torch_sdpa", "bf16", 245.0)]}
+  src = {"meta": dict(h200, jax="x"), "rows": [row("sweep:kivi_layout=words", "kivi2", 130.0),
+                                              row("sweep:", "kivi2", 352.0), row("torch_sdpa", "bf16", 238.9)]}
+  (tmp_path / "s.json").write_text(json.dumps(src))
+  sources = (("s.json", {"sweep:kivi_layout=words": "kvjax", "torch_sdpa": "torch_sdpa"}),)
+  out = sp.promote(table, sources, str(tmp_path))
+  got = {(r["impl"], r["format"]): r["us"] for r in out["rows"]}
+  assert got == {("kvjax_triton", "kivi2"): 350.0, ("kvjax_triton", "kivi4"): 362.0, ("kvjax", "kivi2"): 130.0,
+                 ("kvjax", "fp8_e4m3"): 141.0, ("torch_sdpa", "bf16"): 238.9}
+  assert [r.get("source") for r in out["rows"] if r["impl"] == "kvjax" and r["format"] == "kivi2"] == ["s.json"]
+  assert sp.promote(out, sources, str(tmp_path)) == out
+  (tmp_path / "h100.json").write_text(json.dumps(dict(src, meta={"device_kind": "NVIDIA H100 80GB HBM3"})))
+  with pytest.raises(ValueError, match="h100.json ran on 'NVIDIA H100 80GB HBM3'; expected one of"):
+    sp.promote(table, (("h100.json", sources[0][1]),), str(tmp_path))
