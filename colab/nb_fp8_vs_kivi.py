@@ -115,14 +115,16 @@ plt.tight_layout()
 plt.show()
 """),
       md("""
-**Read honestly:** on the H200 the fused kernels are *not yet faster than
-bf16* for most formats. FP8 runs at about bf16 speed (0.94x the best bf16
-peer in this table; 1.13x with the 32-split setting a later sweep found,
-now the default), INT4 is the only format at or above parity everywhere
-measured, and KIVI-2 runs at 0.50x (G=128) and 0.29x (G=32): the quantized
-paths are bound by per-byte instruction work, not memory bandwidth. What is won today is memory (more sequences
-per GPU) and the kernels' 4-5x lead over dequantize-then-attend in XLA
-(`xla_dequant`). See the README's GPU section and `benchmarks/NOTES_gpu.md`.
+**Read honestly:** in the committed H200 table (B=8, 32k, one layer) every
+quantized format is faster than the best bf16 peer: FP8 about 1.7x, INT8
+1.45x, INT4 1.56x, KIVI-2 1.84x (G=32) and 2.1x (G=128). That is short of
+the bytes ratio: FP8 reads at ~0.9 of the read-only stream, the KIVI
+kernels at ~0.35-0.4, bound by the per-byte instruction work of unpacking
+and dequantizing, not by memory bandwidth. At short contexts (B=1, 1k-4k)
+the KIVI calls are still a few microseconds slower than torch's. KIVI-4's
+B=8 32k point ran on an H100 only, so this H200 table has no KIVI-4 bar.
+What memory buys on top: more sequences per GPU (the cell above). See the
+README's GPU section and `benchmarks/NOTES_gpu.md`.
 """),
       md("""
 ## Quality on the reference model
