@@ -179,7 +179,14 @@ def test_writers_and_kernels_that_decline_fall_back(monkeypatch):
 def test_default_splits():
   assert mosaic_decode.default_splits(8, 8, 256) == 8     # B=8, 32k: 512 programs
   assert mosaic_decode.default_splits(1, 8, 256) == 32    # B=1, 32k: capped at the most timed
-  assert mosaic_decode.default_splits(64, 8, 256) == 1
+  assert mosaic_decode.default_splits(64, 8, 256) == 8     # B=64, 32k: 8 splits of 32 tiles (session 26)
+  assert mosaic_decode.default_splits(69, 8, 256) == 8     # issue 7's KIVI-2 G=128 batch: 809.0 us against 1089.6
+  assert mosaic_decode.default_splits(52, 8, 1024) == 8    # B=52, 128k: no more than LARGE_BATCH_SPLITS
+  assert mosaic_decode.default_splits(64, 8, 128) == 4     # 16k: splits of at least 32 tiles
+  assert mosaic_decode.default_splits(64, 8, 32) == 1      # 4k: one split, as before
+  assert mosaic_decode.default_splits(465, 8, 32) == 1     # issue 7's 4k batch
+  assert mosaic_decode.default_splits(32, 8, 256) == 2     # 256 pairs: target / pairs = 2, unchanged
+  assert mosaic_decode.default_splits(64, 8, 256, large_batch=False) == 1
   assert mosaic_decode.default_splits(8, 8, 12, min_tiles=1) == 4  # the largest power of two dividing the tiles
   assert mosaic_decode.default_splits(8, 8, 12) == 2      # ... leaving each split 4 tiles or more (session 17)
   assert mosaic_decode.default_splits(8, 8, 5) == 1

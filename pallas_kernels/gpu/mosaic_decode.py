@@ -129,17 +129,31 @@ MAX_SPLITS = 32        # the most timed
 # splits): B=1 1k 10.9 / 12.3 / 12.3 at 2 / 4 / 8; B=8 1k 15.0 / 16.9 / 19.4; B=1 4k 29.5 / 20.1 / 15.0 /
 # 16.2 / 16.7 at 2 / 4 / 8 / 16 / 32; B=8 4k 36.9 / 29.7 / 27.6 / 30.8 at 2 / 4 / 8 / 16: 4 tiles a split.
 MIN_TILES_PER_SPLIT = 4
+# Large batches (more than TARGET_PROGRAMS / 2 (b, k) pairs) still split a long context: session 26 (H200, 32k,
+# `benchmarks/runs/session26_waves.py`, decode_parts/session26/{f,g}_waves_*.json, us by splits 1 / 2 / 4 / 8):
+# G=128 B=64 1084.7 / - / 756.6 / 757.8, B=69 1089.6 / 892.6 / 820.2 / 809.0; KIVI-2 G=32 B=52 885.8 / - / 802.4 /
+# 743.0. One split had been the rule above 256 pairs (target / pairs < 2), i.e. at issue 7's batches. Up to
+# LARGE_BATCH_SPLITS splits of at least LARGE_BATCH_MIN_TILES tiles (4096 tokens), so 4k contexts keep 1.
+LARGE_BATCH_SPLITS = 8
+LARGE_BATCH_MIN_TILES = 32
 
 
 def default_splits(batch: int, kv_heads: int, tiles: int, tiles_per_step: int = 1,
-                   min_tiles: int = MIN_TILES_PER_SPLIT, *, target: int = TARGET_PROGRAMS, divides: bool = True) -> int:
+                   min_tiles: int = MIN_TILES_PER_SPLIT, *, target: int = TARGET_PROGRAMS, divides: bool = True,
+                   large_batch: bool = True) -> int:
   """Splits of the context for `batch` x `kv_heads` programs over `tiles` 128-token tiles: the largest
   power of two <= target / programs (and MAX_SPLITS) that leaves each split at least `min_tiles` tiles
-  and (divides) divides the tiles into whole steps (1 split where the tiles are fewer). `mosaic_fp8.splits_for`
-  is this with its own target and divides=False (its splits share the live steps, whole or not)."""
+  and (divides) divides the tiles into whole steps (1 split where the tiles are fewer). With `large_batch`,
+  above target / 2 programs, at least the largest power of two <= LARGE_BATCH_SPLITS that leaves each split
+  LARGE_BATCH_MIN_TILES tiles (and divides them). `mosaic_fp8.splits_for` is this with its own target,
+  divides=False (its splits share the live steps, whole or not) and large_batch=False (not timed)."""
+  pairs = max(1, batch * kv_heads)
+  cap, least = min(MAX_SPLITS, target // pairs), min_tiles
+  if large_batch and 2 * pairs > target:
+    cap, least = LARGE_BATCH_SPLITS, max(min_tiles, LARGE_BATCH_MIN_TILES)
   ns = 1
-  while (ns * 2 <= min(MAX_SPLITS, target // max(1, batch * kv_heads))
-         and (not divides or tiles % (ns * 2 * tiles_per_step) == 0) and tiles // (ns * 2) >= min_tiles):
+  while (ns * 2 <= cap and (not divides or tiles % (ns * 2 * tiles_per_step) == 0)
+         and tiles // (ns * 2) >= least):
     ns *= 2
   return ns
 

@@ -352,7 +352,8 @@ TARGET_PROGRAMS = 2 * 132
 def splits_for(batch: int, kv_heads: int, capacity: int) -> int:
   """`mosaic_decode.default_splits` over the capacity's 128-token tiles with TARGET_PROGRAMS, the splits not
   dividing the tiles (they share the live steps, `balanced_range`)."""
-  return mosaic_decode.default_splits(batch, kv_heads, capacity // TILE, target=TARGET_PROGRAMS, divides=False)
+  return mosaic_decode.default_splits(batch, kv_heads, capacity // TILE, target=TARGET_PROGRAMS, divides=False,
+                                     large_batch=False)
 
 
 def supports(cache) -> str | None:
