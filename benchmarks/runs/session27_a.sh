@@ -14,3 +14,9 @@ grep -v Warning $OUT/tp_log.txt | tail -n 8 | cut -c1-250
 timeout 150 python3 benchmarks/decode_kernels.py --batches 64 --contexts 32768 --formats kivi2_g128,kivi2 \
   --peers torch_sdpa --step-batches "" --reps 3 --out $OUT/decode_s27a_b64.json > $OUT/decode_log.txt 2>&1
 echo "decode rc=$?"; grep -E "torch|kivi" $OUT/decode_log.txt | tail -n 6 | cut -c1-200
+# Below 257 pairs the rule is unchanged (untimed): KIVI-4's issue-7 batch (B=31, 2 splits) and B=32 at G=128.
+REPS=3 timeout 100 python3 benchmarks/runs/session26_waves.py $OUT/waves_kivi4.json kivi4 31:0,31:4,31:8 \
+  > $OUT/waves_log.txt 2>&1
+REPS=3 timeout 80 python3 benchmarks/runs/session26_waves.py $OUT/waves_g128.json kivi2_g128 32:0,32:8 \
+  >> $OUT/waves_log.txt 2>&1
+echo "waves rc=$?"; grep -E "^\{" $OUT/waves_log.txt | cut -c1-200
