@@ -22,17 +22,25 @@ def run_order(path):
   return (int(m.group(1)), m.group(2), name) if m else (0, "", name)
 
 
+def _flat(meta):
+  """A result file's meta as a list of run metas: one run's dict, or a merged table's list (nested when merged
+  tables are merged again), None for none."""
+  if meta is None:
+    return []
+  return [m for x in meta for m in _flat(x)] if isinstance(meta, list) else [meta]
+
+
 def merge(paths, out):
   """Rows of the result files at `paths` joined into `out`, one per (model, format, context): the latest run's
-  (`run_order`; a failed re-run never replaces a measured row). Files from different devices (`meta.device`)
-  are refused: their ratios to bf16 would mix cards."""
+  (`run_order`; a failed re-run never replaces a measured row). Files from different devices (any run meta's or
+  row's `device`; a merged table's metas are a list) are refused: their ratios to bf16 would mix cards."""
   rows, metas, devices = {}, [], {}
   for p in sorted(paths, key=run_order):
     d = json.load(open(p))
     metas.append(d.get("meta"))
-    device = (d.get("meta") or {}).get("device")
-    if device is not None:
-      devices.setdefault(device, p)
+    for device in [m.get("device") for m in _flat(d.get("meta"))] + [r.get("device") for r in d["rows"]]:
+      if device is not None:
+        devices.setdefault(device, p)
     if len(devices) > 1:
       raise ValueError(f"paths: files from more than one device, {devices} (device: first file); expected one "
                        f"device per merged table")

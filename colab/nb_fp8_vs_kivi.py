@@ -68,8 +68,8 @@ plt.show()
 On a GPU this cell measures one decode-attention call per format (B=8,
 Llama-3-8B heads, 8k context, one layer). Without a GPU it reads
 `benchmarks/results/decode_h200.json`, measured on one H200 by
-`benchmarks/decode_kernels.py` (B=8, 32k context, one layer) against bf16
-peers in the same run.
+`benchmarks/decode_kernels.py` (B=8, 32k context, one layer): each cell the
+latest run of the default kernel, against the bf16 peers' latest runs.
 """),
       code("""
 def measure_gpu(formats, B=8, K=8, N=32, H=128, S=8192, iters=20):

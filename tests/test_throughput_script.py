@@ -134,7 +134,19 @@ def test_merge_refuses_two_devices_and_summary_takes_a_failed_row(tmp_path):
     (tmp_path / name).write_text(json.dumps({"meta": {"device": device}, "rows": [row("bf16", 500.0, 9)]}))
   with pytest.raises(ValueError, match="more than one device"):
     throughput_report.merge([str(tmp_path / "a_s1.json"), str(tmp_path / "b_s2.json")], str(tmp_path / "o.json"))
+  merged = tmp_path / "merged.json"  # a merged table (its meta a list) merged again with a new run of its card
+  throughput_report.merge([str(tmp_path / "a_s1.json")], str(merged))
+  (tmp_path / "c_s3.json").write_text(json.dumps({"meta": {"device": "NVIDIA H200"}, "rows": [row("fp8", 990.0, 19)]}))
+  again = throughput_report.merge([str(merged), str(tmp_path / "c_s3.json")], str(tmp_path / "again.json"))
+  assert {r["format"]: r["tokens_per_s"] for r in again} == {"bf16": 500.0, "fp8": 990.0}
+  (tmp_path / "d_s4.json").write_text(json.dumps({"meta": {}, "rows": [dict(row("int8", 900.0, 19),
+                                                                             device="NVIDIA H100 80GB HBM3")]}))
+  with pytest.raises(ValueError, match="more than one device"):  # a row's device counts too
+    throughput_report.merge([str(merged), str(tmp_path / "d_s4.json")], str(tmp_path / "o.json"))
   text = throughput_report.summary([row("bf16", 480.0, 9), {**row("fp8", None, None), "error": "unknown format"},
                                     row("fp8_e4m3", 952.0, 19)])
   assert "| fp8 | 32768 | None (-x) | - (-x) |" in text and "unknown format" in text
   assert "target fp8_e4m3 >= 1.9x bf16 tokens/s (llama3_8b, 32k): 1.98x (max batch 2.11x) MET" in text
+  throughput_report.plot([row("bf16", 480.0, 9), {**row("fp8", None, None), "error": "unknown format"}],
+                         str(tmp_path / "p.png"))  # the failed row has no bar, and no crash
+  assert (tmp_path / "p.png").stat().st_size > 0
