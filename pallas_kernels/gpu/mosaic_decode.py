@@ -81,6 +81,10 @@ DEFAULT_WINDOW = "auto"
 # Session 22 (H200): every native test of the KIVI merge failed (count and cluster, G=128 and 32; the first
 # single case hung past 60 s), so it stays off. Session 23 (H100, `session22_kivi_merge_diag.py`): the query
 # read in the kernel is exact; the counted merge does not finish, with or without the window.
+# Session 26 (H100, `benchmarks/runs/session26_a.sh`, decode_parts/session26/): with l's TMA destination aligned
+# (`mosaic_epilogue.tma_padded`) all 10 native merge tests pass, but through ops it is slower at 1k (KIVI-2 B=1
+# 15.2-16.4 us against 13.1 with the separate merge, B=8 18.4-19.9 against 17.5) and at most ~1 us faster at B=1
+# 4k: so it stays off.
 KERNEL_MERGE = False
 KERNEL_MERGE_MAX_PROGRAMS = 4 * 132
 # How (`mosaic_epilogue.MERGES`). Session 21 (H100, the FP8 kernel alone at B=8 32k, 4 splits): a cluster of the

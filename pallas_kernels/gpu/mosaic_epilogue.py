@@ -70,7 +70,7 @@ def _load(ref, layout, interpret, optimized=True):
 # The alignment, in bytes, of a TMA's shared-memory address (CUDA's tensor-map copies). Session 25: the KIVI
 # in-kernel merge, with NS + 1 states (3 at 2 splits), read l into a buffer 3 x 64 = 192 bytes past m's, and
 # failed natively with CUDA_ERROR_MISALIGNED_ADDRESS; FP8's merges (2, 4 or 8 states: 128-byte multiples)
-# pass. The likely cause, now padded away (`tma_padded`); not yet run natively.
+# pass. Padded away (`tma_padded`): the KIVI merge tests pass natively since (session 26, H100).
 TMA_SMEM_ALIGN = 128
 # Up to this many query rows `load_query_t` zero-fills its buffer before the TMA; above it, it masks the rows
 # after the load. The fill fails Mosaic GPU's layout inference at 8 rows and more (session 24, compiled for an
