@@ -386,6 +386,23 @@ def _subprocess_row(spec: dict, timeout: float) -> dict:
 from throughput_report import merge, plot, summary, write  # noqa: E402
 
 
+def check_args(models, fmts, contexts) -> None:
+  """Raises ValueError naming the flag for an unknown model or format or a context < 1, before any row runs
+  (session 26's typo'd `fp8` failed only after the bf16 row had taken a minute of device time)."""
+  bad = [m for m in models if m not in MODELS]
+  if bad or not models:
+    raise ValueError(f"--models: expected names in {sorted(MODELS)}, got {bad or models}")
+  for f in fmts:
+    try:
+      formats.preset(f)
+    except (KeyError, ValueError) as e:
+      raise ValueError(f"--formats: {f!r} is not a format preset ({e})") from None
+  if not fmts:
+    raise ValueError("--formats: expected at least one format preset, got none")
+  if not contexts or min(contexts) < 1:
+    raise ValueError(f"--contexts: expected positive token counts, got {contexts}")
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--out", default="benchmarks/results/throughput_h200.json")
@@ -418,6 +435,8 @@ def main(argv=None) -> int:
   fmts = [f for f in args.formats.split(",") if f]
   contexts = [int(c) for c in args.contexts.split(",") if c]
   budget = int(args.budget_gib * GIB)
+  if not args.merge:
+    check_args(models, fmts, contexts)
   if args.plan:
     for r in plan(models, fmts, contexts, budget):
       print(f"{r['model']:10s} {r['format']:9s} {r['context']:6d} bytes/seq {r['bytes_per_seq'] / 2**20:9.1f} MiB "

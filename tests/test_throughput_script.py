@@ -150,3 +150,15 @@ def test_merge_refuses_two_devices_and_summary_takes_a_failed_row(tmp_path):
   throughput_report.plot([row("bf16", 480.0, 9), {**row("fp8", None, None), "error": "unknown format"}],
                          str(tmp_path / "p.png"))  # the failed row has no bar, and no crash
   assert (tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("flag, value, match", [("--formats", "bf16,fp8", "--formats: 'fp8'"),
+                                                 ("--models", "llama3", "--models"),
+                                                 ("--contexts", "0", "--contexts")])
+def test_bad_names_fail_before_any_row(tmp_path, monkeypatch, flag, value, match):
+  ran = []
+  monkeypatch.setattr(throughput, "_subprocess_row", lambda *a, **k: ran.append(a) or {})
+  argv = {"--models": "tiny", "--formats": "bf16", "--contexts": "256", flag: value}
+  with pytest.raises(ValueError, match=match):
+    throughput.main([x for kv in argv.items() for x in kv] + ["--out", str(tmp_path / "tp.json")])
+  assert not ran and not (tmp_path / "tp.json").exists()
