@@ -61,17 +61,17 @@ def variant_options(text: str):
 
 
 def parse_builds(text):
-  """'name:variant[:window|:glue|:merged|:merged_cluster];...' -> [(name, variant, window)], variant as
+  """'name:variant[:window|:glue|:gemma|:merged|:merged_cluster];...' -> [(name, variant, window)], variant as
   `variant_options` reads it; window "" (none), "window" (the residual window as one more program), "glue" (that,
   the query read and the quantized lengths computed in the kernel: `mosaic_decode`'s default) or "merged"
   (that, and the states merged in the kernel, `kivi2_states(merged=...)`, by `mosaic_decode.MERGE_BY`;
-  "merged_cluster": over a cluster)."""
+  "merged_cluster": over a cluster); "gemma": "glue" with Gemma 2's logit soft-cap (50) and sliding window (4096)."""
   out = []
   for item in filter(None, text.split(";")):
     parts = item.split(":")
-    kinds = ("window", "glue", "merged", "merged_cluster")
+    kinds = ("window", "glue", "gemma", "merged", "merged_cluster")
     if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in kinds):
-      raise ValueError(f"--builds: each item must be name:variant[:window|:glue|:merged|:merged_cluster], got "
+      raise ValueError(f"--builds: each item must be name:variant[:{'|:'.join(kinds)}], got "
                        f"{item!r}")
     variant_options(parts[1])
     out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else ""))
@@ -118,9 +118,10 @@ def states_fn(variant, splits, window):
       o_t, m, l = mf.fp8_states(q_t, lengths, *cache, num_splits=splits, options=variant)
       return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
     kern_len = jnp.maximum(lengths - mk.TILE, 0) if window else lengths
-    if window == "glue":  # as `mosaic_decode` calls it by default: q as given, the lengths from the window's
+    if window in ("glue", "gemma"):  # as `mosaic_decode` calls it by default: q as given, the lengths from the window's
+      gemma = dict(softcap=50.0, sliding=4096) if window == "gemma" else {}
       o_t, m, l = mk.kivi2_states(q.reshape(b, kh, rep, h), None, *cache, num_splits=splits, variant=variant,
-                                  window=(*win, 1), q_scale=scale)
+                                  window=(*win, 1), q_scale=scale, **gemma)
       return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
     if window.startswith("merged"):  # as `mosaic_decode` calls it: q as given, prepared and merged in the kernel
       return mk.kivi2_states(q.reshape(b, kh, rep, h), kern_len, *cache, num_splits=splits, variant=variant,

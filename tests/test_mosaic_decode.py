@@ -133,6 +133,48 @@ def test_window_in_the_kernel(lengths, appends, t):
     md.decode_attention(q, c, window="triton")
 
 
+@pytest.mark.parametrize("fmt,lengths,appends,t,softcap,sliding,via_ops", [
+    ("kivi2_g128", (509, 300, 0, 1), 1, 1, 2.0, None, False),  # a cap that bites; empty; one token
+    ("kivi2_g128", (509, 300, 130), 0, 1, None, 200, False),  # W=200: the first visible tile past 2 of 4 (skipped)
+    ("kivi2_g128", (509, 90), 1, 4, 3.0, 100, True),           # W < the ring: every quantized tile masked;
+                                                               # 4 query tokens, each its own window; via ops
+    ("kivi2", (509, 260), 0, 1, 2.0, 150, False),              # G=32
+    ("kivi4", (509, 260), 0, 2, 2.0, 150, False),              # 4-bit codes, 2 query tokens
+])
+def test_softcap_and_sliding_window_in_the_kernel(fmt, lengths, appends, t, softcap, sliding, via_ops):  # noqa: PLR0913
+  """Gemma 2's logit soft-cap and a local layer's sliding window, in the tile loop and the residual window's
+  program: == the library reference with the same soft-cap and window, and != the reference without them
+  (the test sees both)."""
+  c = _cache(lengths, appends=appends, layout="words", fmt=fmt)
+  q = jnp.asarray(2.0 * np.random.default_rng(7).normal(size=(len(lengths), 4, t, 128)), jnp.bfloat16)
+  kw = dict(logit_softcap=softcap, window=sliding)
+  if via_ops:
+    out = ops.decode_attention(q, c, num_splits=2, interpret=INTERPRET, **kw)
+  else:
+    out = md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, window="kernel", logit_softcap=softcap,
+                              sliding_window=sliding)
+  out = np.asarray(out, np.float32)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c, **kw))
+  plain = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
+  visible = np.broadcast_to((np.asarray(c.lengths)[:, None] - t + np.arange(t) >= 0)[:, None, :, None], out.shape)
+  assert test_base.relative_error(out[visible], ref[visible]) < 5e-3  # bf16 output
+  np.testing.assert_array_equal(out[~visible], 0.0)
+  assert test_base.relative_error(plain[visible], ref[visible]) > 2e-2
+
+
+def test_softcap_and_sliding_window_refusals():
+  c = _cache((300,), layout="words")
+  q = jnp.zeros((1, 4, 1, 128), jnp.bfloat16)
+  for kw, match in [(dict(logit_softcap=0.0), "logit_softcap must be a positive"),
+                    (dict(sliding_window=0), "sliding_window must be a positive"),
+                    (dict(sliding_window=64, window="xla"), "need window 'kernel'"),
+                    (dict(logit_softcap=30.0, window="pallas"), "need window 'kernel'")]:
+    with pytest.raises(ValueError, match=match):
+      md.decode_attention(q, c, interpret=True, **kw)
+  with pytest.raises(NotImplementedError, match="residual window in the kernel"):  # `dispatch` falls back to XLA
+    ops.decode_attention(q, c, window=64, pallas_merge=False, interpret=True)
+
+
 def test_glue_in_the_kernel_reads_the_query_at_any_row_count(monkeypatch):
   """With the window in the kernel, the lengths are computed there (lengths=None) and the query read there
   (q_scale) at 1 to 16 rows (session 24 stopped at 4: the zero fill of `load_query_t` failed Mosaic GPU's layout

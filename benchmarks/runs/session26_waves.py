@@ -7,10 +7,10 @@ output against the first point of the same batch (`max_abs_diff_vs_first`, `rel_
     python3 benchmarks/runs/session26_waves.py OUT.json [fmt] [B:splits,...]
 """
 import functools
-import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../.."))
 import jax  # noqa: E402
@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 
 import decode_kernels as dk  # noqa: E402
 from pallas_kernels.gpu import mosaic_decode as md, ops  # noqa: E402
+from row_log import measured  # noqa: E402
 
 
 def main():
@@ -31,8 +32,7 @@ def main():
   key = jax.random.PRNGKey(0)
   first = {}
   for b, ns in points:
-    row = dict(format=fmt, batch=b, context=ctx, splits=ns or md.default_splits(b, 8, ctx // 128), default=not ns)
-    try:
+    def measure(row, b=b, ns=ns):
       c0 = dk.random_cache(fmt, b, ctx, ctx - 256, key)  # `cache_sets`' first cache and query
       q = jax.random.normal(jax.random.fold_in(key, 99), (b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16)
       o = np.asarray(jax.jit(functools.partial(ops.decode_attention, num_splits=ns or None))(q, c0), np.float32)
@@ -43,12 +43,8 @@ def main():
       (_, row["us"], row["bytes_read"]), = dk.kvjax_rows(fmt, b, ctx, reps, key, False,
                                                          {"num_splits": ns} if ns else None)
       row["us_per_seq"] = row["us"] / b
-    except Exception as e:  # noqa: BLE001 (a failed point is a row with its error)
-      row["error"] = repr(e)[:300]
-    res["rows"].append(row)
-    print(row, flush=True)
-    with open(out, "w") as fh:
-      json.dump(res, fh, indent=1)
+    measured(res, out, dict(format=fmt, batch=b, context=ctx, splits=ns or md.default_splits(b, 8, ctx // 128),
+                            default=not ns), measure)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,15 @@ def wgmma_sum(init, pairs, *, lag, interpret):
   return pl.run_state(scope)(plgpu.ACC.init(init))
 
 
-def balanced_range(length, si, *, num_splits: int, tile: int, capacity_steps: int, min_share: int):
+def balanced_range(length, si, *, num_splits: int, tile: int, capacity_steps: int, min_share: int, start=None):
   """(first, steps) of split si: the steps holding a token below `length` shared evenly, at least
-  `min_share` a split (those past the live ones: none)."""
+  `min_share` a split (those past the live ones: none). start: None, or the first step holding a visible
+  token (a sliding window's): the steps from it on are shared instead."""
   live = jnp.minimum(lax.div(length + (tile - 1), tile), capacity_steps)
-  per = jnp.maximum(lax.div(live + (num_splits - 1), num_splits), min_share)
-  first = si * per
+  if start is None:
+    per = jnp.maximum(lax.div(live + (num_splits - 1), num_splits), min_share)
+    first = si * per
+  else:
+    per = jnp.maximum(lax.div(jnp.maximum(live - start, 0) + (num_splits - 1), num_splits), min_share)
+    first = start + si * per
   return first, jnp.clip(live - first, 0, per)

@@ -232,7 +232,8 @@ def window_states(q, cache, kc, ks, kz, num_queries: int = 1):
 def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
                      variant: str | mk.Options | None = None, interpret: bool = False,
                      window: str = DEFAULT_WINDOW, kernel_merge: bool | None = None,
-                     glue_in_kernel: bool | None = None, pallas_merge: bool | None = None):
+                     glue_in_kernel: bool | None = None, pallas_merge: bool | None = None,
+                     logit_softcap: float | None = None, sliding_window: int | None = None):
   """q [B, N, T, H] -> [B, N, T, H] attention over a KIVI-2 G=128 or 32 cache: T query tokens at positions
   L - T + t (the last T cached; causal among them), N / K x T <= 16 rows per KV head.
   variant: the kernel's build (`mosaic_kivi.VARIANTS` or an `Options`); None: DEFAULT_VARIANT (KIVI-2 G=128)
@@ -247,7 +248,10 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   glue_in_kernel: with the window in the kernel and the merge outside it, the quantized lengths and the query's
   scale, transpose and pad done in the kernel (no XLA op before the call); None: `GLUE_IN_KERNEL`.
   pallas_merge: with the window in the kernel and the merge outside it, the merge as one Triton kernel
-  (`merge.merge_states`) rather than XLA's; None: `pallas_merge_default`."""
+  (`merge.merge_states`) rather than XLA's; None: `pallas_merge_default`.
+  logit_softcap, sliding_window: `kvjax.attention.decode_attention`'s logit_softcap and window (Gemma 2's
+  soft-cap, a local layer's window), both inside the kernel: they need the window "kernel" ("auto" where it
+  resolves so)."""
   if (why := supports(cache)) is not None:
     raise ValueError(f"cache: {why}")
   if window not in WINDOWS:
@@ -265,6 +269,13 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
     num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
   if window == "auto":
     window = auto_window(variant, cache.k_res.dtype, cache.v_res.dtype)
+  if logit_softcap is not None and not (isinstance(logit_softcap, (int, float)) and logit_softcap > 0):
+    raise ValueError(f"logit_softcap must be a positive number or None, got {logit_softcap!r}")
+  if sliding_window is not None and (int(sliding_window) != sliding_window or sliding_window < 1):
+    raise ValueError(f"sliding_window must be a positive integer or None, got {sliding_window!r}")
+  if (logit_softcap is not None or sliding_window is not None) and window != "kernel":
+    raise ValueError(f"logit_softcap / sliding_window are applied inside the kernel: they need window 'kernel' "
+                     f"(or 'auto' resolving to it), got {window!r}")
   if grouped and window == "pallas":
     raise ValueError("window 'pallas' (window_merge) reads 2-bit G=128 keys; a G=32 or 4-bit cache takes 'kernel' "
                      "or 'xla'")
@@ -279,16 +290,17 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   pallas_merge = pallas_merge and window == "kernel"
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, variant=variant,
                  interpret=interpret, window=window, merge_by=MERGE_BY if merge_here else None, glue=glue,
-                 pallas_merge=pallas_merge)
+                 pallas_merge=pallas_merge, softcap=None if logit_softcap is None else float(logit_softcap),
+                 sliding=None if sliding_window is None else int(sliding_window))
 
 
 # A jit of its own: a model calls this once per layer, and nested jits of one signature are traced and
 # lowered once (Mosaic GPU's lowering takes ~2 s a call on a CPU core: 32 layers unrolled took longer
 # than the 120 s a session-12 throughput row allowed).
 @functools.partial(jax.jit, static_argnames=("num_splits", "variant", "interpret", "window", "merge_by", "glue",
-                                             "pallas_merge"))
+                                             "pallas_merge", "softcap", "sliding"))
 def _decode(q, cache, scale, *, num_splits, variant, interpret, window, merge_by=None, glue=False,  # noqa: PLR0913
-            pallas_merge=False):
+            pallas_merge=False, softcap=None, sliding=None):
   b, n, t, h = q.shape
   kh = cache.num_kv_heads
   rep = n // kh * t  # query rows per KV head: head-major, then token
@@ -300,12 +312,13 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window, merge_by
   if merge_by:  # q as it is, the window's state and the merge in the kernel: the attention itself
     out = mk.kivi2_states(q.reshape(b, kh, rep, h), None, kc, ks, kz, vc, vs, vz,
                           num_splits=num_splits, variant=variant, interpret=interpret, window=in_kernel,
-                          merged=(rep, q.dtype), q_scale=scale, merge_by=merge_by)
+                          merged=(rep, q.dtype), q_scale=scale, merge_by=merge_by, softcap=softcap,
+                          sliding=sliding)
     return out.reshape(b, n, t, h)
   # glue: the cache's lengths (the kernel subtracts) and the query as it is (the kernel scales and pads)
   o_t, m, l = mk.kivi2_states(q.reshape(b, kh, rep, h) if glue else q_t, None if glue else quantized_lengths,
                               kc, ks, kz, vc, vs, vz, num_splits=num_splits, variant=variant, interpret=interpret,
-                              window=in_kernel, q_scale=scale if glue else None)
+                              window=in_kernel, q_scale=scale if glue else None, softcap=softcap, sliding=sliding)
   if window == "kernel" and pallas_merge:  # NS + 1 states, the window's last, merged by one Triton kernel
     out = merge.merge_states(o_t, m, l, rep, q.dtype, interpret=interpret, transposed=True)[:, :, :rep]
     return out.reshape(b, n, t, h)

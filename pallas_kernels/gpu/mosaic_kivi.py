@@ -34,6 +34,7 @@ Layouts (`pack_keys`, `pack_values`):
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -52,11 +53,13 @@ __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "p
 ROWS = checks.ROWS  # query rows (N of WGMMA), padded; TILE (128) tokens a pipeline step
 SLABS = 8     # [rows, 16] k-slabs of a 128-wide operand
 PLANES = 8    # 2-bit codes per uint16 word (4-bit: 4, two word tiles a row)
+LOG2E = math.log2(math.e)  # the logits are in the log2 domain (the query carries the softmax scale x log2 e)
 
 
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
                  stages: int = 2, variant: str | Options = "folded_lazy", profile_dir: str = "",
-                 profile_space: int = 0, window=None, merged=None, q_scale=None, merge_by: str = "count"):
+                 profile_space: int = 0, window=None, merged=None, q_scale=None, merge_by: str = "count",
+                 softcap: float | None = None, sliding: int | None = None):
   """Per-split flash-decoding states of KIVI-2 / KIVI-4 (G=128 or 32) attention.
 
   q_t [B, K, H, 16] f32 (queries transposed, scaled by softmax scale x log2 e, rows padded to 16);
@@ -84,13 +87,18 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   q_scale: None, or the softmax scale x log2 e (f32 scalar): q_t is then the query rows as the caller holds
   them, [B, K, rows, H] in any float dtype, scaled, transposed and padded inside the kernel
   (`mosaic_epilogue.load_query_t`: no XLA op before the call).
+  softcap: None, or the attention logits' soft-cap (`cap tanh(s / cap)` of the natural-log logits, Gemma 2),
+  applied to every score before the softmax. sliding: None, or a sliding window W (needs `window`): the row of
+  query token t (at L - T + t) sees keys in (L - T + t - W, L - T + t]; the balanced splits share the steps
+  from the first visible one (`Options.balance`), the others mask.
   """
   if q_scale is not None:
     q_rows, q_t = q_t, jax.ShapeDtypeStruct(q_t.shape[:2] + (128, ROWS), jnp.float32)  # the checks' shape
   opt = checks.options(variant)
   b, kh, h, s, bits, group, n_states = checks.check(q_t, q_rows if q_scale is not None else None, lengths, kc, ks,
                                                     kz, vc, vs, vz, opt=opt, variant=variant, num_splits=num_splits,
-                                                    window=window, merged=merged, merge_by=merge_by)
+                                                    window=window, merged=merged, merge_by=merge_by,
+                                                    softcap=softcap, sliding=sliding)
   wpr, n_wt, per_word = 8 * bits, bits // 2, 16 // bits  # words a row, word tiles, planes a word
   grouped = group != TILE
   if window is not None:
@@ -153,12 +161,18 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
   denorm = opt.unpack == "denorm"
 
-  def softmax(scs, first_tile, m_prev, length):
+  def softmax(scs, first_tile, m_prev, length, lo0=None):
     """Masked online softmax over consecutive tiles' [TILE, N] logits (one cross-warp max for all).
     unpack="denorm": the logits come in / 2^DENORM_LOG2 (scaled back here, exactly) and the
-    probabilities go out x 2^DENORM_LOG2 (the values' A holds v / 2^DENORM_LOG2; l is divided at the end)."""
+    probabilities go out x 2^DENORM_LOG2 (the values' A holds v / 2^DENORM_LOG2; l is divided at the end).
+    softcap: the logits capped first (in their own scale); lo0 (sliding): row n sees tokens > lo0 + n % T."""
     rows = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
+    if softcap is not None:
+      scs = [capped(sc, 2.0 ** DENORM_LOG2 if denorm else 1.0) for sc in scs]
     oks = [(first_tile + j) * TILE + rows < length for j in range(len(scs))]
+    if lo0 is not None:
+      lo = lo0 + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 1) % w_queries
+      oks = [ok & ((first_tile + j) * TILE + rows > lo) for j, ok in enumerate(oks)]
     scs = [jnp.where(ok, sc, NEG) for ok, sc in zip(oks, scs)]
     top = jnp.max(functools.reduce(jnp.maximum, scs), axis=0)
     k = 2.0 ** DENORM_LOG2 if denorm else 1.0
@@ -168,13 +182,18 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       return [jnp.exp2(sc * k - (m_new - DENORM_LOG2)[None, :]) for sc in scs], m_new, alpha
     return [jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0) for ok, sc in zip(oks, scs)], m_new, alpha
 
+  def capped(sc, k):
+    """The soft-cap of logits sc / k (log2 domain x 1 / k): c tanh(sc / c), c = cap log2(e) / k."""
+    c = softcap * LOG2E / k
+    return c * jnp.tanh(sc * (1.0 / c))
+
   once = opt.scales_once and ks.dtype != jnp.float16
   # the f32 query, the scaled fp16 query and the zero rows in shared memory for the whole program: the
   # steps without `dequant_in_a` read them every tile; the dequant steps read only the fp16 query (12.5 KB
   # less: KIVI-4's 4-bit word tiles then fit 4 programs per SM)
   resident = not opt.dequant_in_a
 
-  def dequant_step(length, first, pt_smem, q16_smem, s16, magic):
+  def dequant_step(length, first, pt_smem, q16_smem, s16, magic, lo0=None):
     """The step of `dequant_in_a` over `tiles_per_step` tiles: codes * scale + zero in the A registers,
     against the fp16 query (stored once) and the fp16 probabilities: one shared-memory store and one
     commit per step (two with `once`: the scales converted to fp16 in s16 first, with unpack="denorm"
@@ -215,7 +234,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                    plane_pairs(word_tiles(rows(kc_s, j, TILE), wgmma_load), q16_smem,
                                scales(kz_s, j, h), scales(ks_s, j, h), magic, once, k_layout)) for j in range(nt)]
       with jax.named_scope("softmax"):
-        ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length)
+        ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length, lo0)
       with jax.named_scope("vprep"):
         for j, p in enumerate(ps):
           rows(pt_smem, j, TILE)[...] = p.astype(jnp.float16)
@@ -294,7 +313,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     token = jnp.where(from_res, lq + slot, lq - TILE + slot)
     qpos = length - w_queries + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 1) % w_queries
     visible = (from_res | (lq >= TILE)) & (token <= qpos)
-    sc = jnp.where(visible, jnp.where(from_res, sc_r, sc_q), NEG)
+    if sliding is not None:
+      visible = visible & (token > qpos - sliding)
+    sc = jnp.where(from_res, sc_r, sc_q)
+    sc = jnp.where(visible, sc if softcap is None else capped(sc, 1.0), NEG)
     m_w = jnp.max(sc, axis=0)
     p = jnp.where(visible, jnp.exp2(sc - m_w[None, :]), 0.0)
 
@@ -360,6 +382,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     q_reg = None if opt.q_in_smem or not resident else q_smem[...]  # [H, N]
     length = len_g[bi] if lengths is not None else jnp.maximum(len_g[bi] - TILE, 0)  # None: the window's L
     magic = magic_g[0].astype(jnp.uint16) if opt.opaque_magic else None
+    lo0 = None  # sliding: row n sees tokens > lo0 + n % T (lo0 = L - T - W, L the full length)
+    if sliding is not None:
+      lo0 = (len_g[bi] if lengths is None else lw_g[bi]) - w_queries - sliding
 
     def step(idx, kc_s, vc_s, ks_s, kz_s, vs_s, vz_s, carry):
       o, m_prev, l_prev, cv = carry
@@ -415,12 +440,13 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     first = si * steps  # this split's first step
     if opt.stop_at_length and opt.balance:  # the live steps shared evenly, at least min_share a split
       first, steps = balanced_range(length, si, num_splits=num_splits, tile=nt * TILE,
-                                    capacity_steps=s // TILE // nt, min_share=opt.min_share)
+                                    capacity_steps=s // TILE // nt, min_share=opt.min_share,
+                                    start=None if lo0 is None else lax.div(jnp.maximum(lo0 + 1, 0), nt * TILE))
     elif opt.stop_at_length:  # only steps holding a token below the length (none past it)
       live = jnp.minimum(lax.div(length + (nt * TILE - 1), nt * TILE), num_splits * steps)
       steps = jnp.clip(live - first, 0, steps)
     pipe = plgpu.emit_pipeline(
-        dequant_step(length, first, pt_smem, q16_smem, s16, magic) if opt.dequant_in_a else step, grid=(steps,),
+        dequant_step(length, first, pt_smem, q16_smem, s16, magic, lo0) if opt.dequant_in_a else step, grid=(steps,),
         max_concurrent_steps=stages, init_carry=init,
         in_specs=[plgpu.BlockSpec((nt * TILE, wpr), lambda t: (first + t, 0), transforms=code_tiles),
                   plgpu.BlockSpec((nt * h, wpr), lambda t: (first + t, 0), transforms=code_tiles),

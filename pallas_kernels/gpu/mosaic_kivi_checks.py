@@ -23,7 +23,7 @@ def options(variant) -> Options:
 
 
 def check(q_t, q_rows, lengths, kc, ks, kz, vc, vs, vz, *, opt: Options, variant, num_splits: int, window, merged,
-          merge_by: str):
+          merge_by: str, softcap=None, sliding=None):
   """Raises ValueError naming the argument for what `kivi2_states` cannot take; returns (b, kh, h, s,
   bits, group, n_states). lengths: [B], or None with a window. q_t: the transposed query's shape
   [B, K, 128, 16]; q_rows: the caller's rows
@@ -60,6 +60,12 @@ def check(q_t, q_rows, lengths, kc, ks, kz, vc, vs, vz, *, opt: Options, variant
   if merged is not None and not (1 <= merged[0] <= ROWS and epilogue.cluster_merge_ok(n_states)):
     raise ValueError(f"merged: rows must be in [1, {ROWS}] and the states 2..{epilogue.CLUSTER_MAX}, "
                      f"got rows {merged[0]}, {n_states} states")
+  if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0 and opt.dequant_in_a):
+    raise ValueError(f"softcap must be a positive number (with a dequant_in_a variant) or None, got {softcap!r} "
+                     f"with {variant!r}")
+  if sliding is not None and not (isinstance(sliding, int) and sliding >= 1 and window is not None):
+    raise ValueError(f"sliding must be a positive int with a window (the full lengths and query tokens), or "
+                     f"None; got {sliding!r}, window {'set' if window is not None else None}")
   if merge_by not in epilogue.MERGES:
     raise ValueError(f"merge_by must be one of {epilogue.MERGES}, got {merge_by!r}")
   return b, kh, h, s, bits, group, n_states

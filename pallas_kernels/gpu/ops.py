@@ -333,14 +333,22 @@ def _mosaic_fp8_attention(q, cache, sm_scale, softcap, window, interpret, num_sp
 
 def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, mosaic_window,
                       triton_options, kernel_merge=None):
-  """A "words" KIVI-2 cache through `mosaic_decode` (query heads per KV head x tokens <= 16,
-  no soft-cap or sliding window); NotImplementedError otherwise, so `dispatch` falls back to XLA.
-  mosaic_window: `mosaic_decode.decode_attention`'s window (where the residual window's state is made)."""
+  """A "words" KIVI cache through `mosaic_decode` (query heads per KV head x tokens <= 16; a soft-cap or
+  sliding window with the residual window in the kernel); NotImplementedError otherwise, so `dispatch` falls
+  back to XLA. mosaic_window: `mosaic_decode.decode_attention`'s window (where the residual window's state is
+  made)."""
   if (why := mosaic_decode.supports(cache)) is not None:
     raise NotImplementedError(f"pallas_gpu: 'words' KIVI cache: {why}")
-  _mosaic_refusals(q, cache, softcap, window, triton_options, "the Mosaic KIVI-2 kernel a 'words' cache goes to")
+  kernel = "the Mosaic KIVI kernel a 'words' cache goes to"
+  _mosaic_refusals(q, cache, None, None, triton_options, kernel)
+  if (softcap or window is not None) and mosaic_window == "auto":
+    mosaic_window = mosaic_decode.auto_window(mosaic_decode.GROUPED_VARIANT, cache.k_res.dtype, cache.v_res.dtype)
+  if (softcap or window is not None) and mosaic_window != "kernel":
+    raise NotImplementedError(f"pallas_gpu: {kernel} applies a soft-cap or sliding window with the residual window "
+                              f"in the kernel, not {mosaic_window!r}")
   return mosaic_decode.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits,
-                                        interpret=interpret, window=mosaic_window, kernel_merge=kernel_merge)
+                                        interpret=interpret, window=mosaic_window, kernel_merge=kernel_merge,
+                                        logit_softcap=softcap or None, sliding_window=window)
 
 
 def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, window=None,
