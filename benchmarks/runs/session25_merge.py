@@ -7,10 +7,10 @@ the same run. Checks first that each variant gives the default's numbers on the 
 
     python3 benchmarks/runs/session25_merge.py OUT.json [fmt,fmt] [B:ctx,B:ctx]
 """
-import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../.."))
 import jax  # noqa: E402
@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 
 import decode_kernels as dk  # noqa: E402
 from pallas_kernels.gpu import mosaic_decode as md, ops  # noqa: E402
+from row_log import measured  # noqa: E402
 
 VARIANTS = (("kvjax", dict(KERNEL_MERGE=False)),
             ("kvjax_kmerge_count", dict(KERNEL_MERGE=True, MERGE_BY="count")),
@@ -38,22 +39,15 @@ def main():
     res["rows"].append(dict(impl="torch_sdpa", format="bf16", batch=b, context=ctx, us=tr and tr[0]))
     for f in fmts:
       _, _, _, caches, q = dk.cache_sets(f, b, ctx, key)
-      base = None
+      base = {}  # the first variant's output that ran
       for impl, attrs in VARIANTS:
         for k, v in attrs.items():
           setattr(md, k, v)
-        row = dict(impl=impl, format=f, batch=b, context=ctx)
-        try:
+        def measure(row, f=f, caches=caches, q=q, base=base, b=b, ctx=ctx):
           o = np.asarray(jax.jit(ops.decode_attention)(q, caches[0]), np.float32)
-          base = o if base is None else base
-          row["max_abs_diff_vs_default"] = float(np.max(np.abs(o - base)))
+          row["max_abs_diff_vs_default"] = float(np.max(np.abs(o - base.setdefault("o", o))))
           (_, row["us"], row["bytes_read"]), = dk.kvjax_rows(f, b, ctx, reps, key, False)
-        except Exception as e:  # noqa: BLE001 (a failed build is a row with its error)
-          row["error"] = repr(e)[:300]
-        res["rows"].append(row)
-        print(row, flush=True)
-        with open(out, "w") as fh:
-          json.dump(res, fh, indent=1)
+        measured(res, out, dict(impl=impl, format=f, batch=b, context=ctx), measure)
       for k, v in saved.items():
         setattr(md, k, v)
     print(f"B={b} {ctx}: torch {tr and tr[0]}", flush=True)
