@@ -1,7 +1,9 @@
 """Pieces the Mosaic GPU decode kernels share (`mosaic_kivi`, `mosaic_fp8`): the WGMMA chain over register A
-operands built right before each instruction, and the balanced split of the live steps."""
+operands built right before each instruction, the balanced split of the live steps, and the logit soft-cap."""
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +11,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["wgmma_sum", "balanced_range"]
+__all__ = ["wgmma_sum", "balanced_range", "soft_capped"]
+
+LOG2E = math.log2(math.e)  # the kernels' logits are in the log2 domain (the query carries the scale x log2 e)
 
 
 def wgmma_sum(init, pairs, *, lag, interpret):
@@ -44,3 +48,10 @@ def balanced_range(length, si, *, num_splits: int, tile: int, capacity_steps: in
     per = jnp.maximum(lax.div(jnp.maximum(live - start, 0) + (num_splits - 1), num_splits), min_share)
     first = start + si * per
   return first, jnp.clip(live - first, 0, per)
+
+
+def soft_capped(sc, cap: float, k: float = 1.0):
+  """The logit soft-cap (`cap tanh(s / cap)` of the natural-log logits s) of log2-domain logits held as sc / k:
+  c tanh(sc / c) with c = cap log2(e) / k."""
+  c = cap * LOG2E / k
+  return c * jnp.tanh(sc * (1.0 / c))

@@ -34,7 +34,6 @@ Layouts (`pack_keys`, `pack_values`):
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +43,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_kivi_checks as checks
 from pallas_kernels.gpu import mosaic_planes as planes
-from pallas_kernels.gpu.mosaic_common import balanced_range, wgmma_sum
+from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum
 from pallas_kernels.gpu.mosaic_kivi_ref import NEG, TILE, pack_keys, pack_values, reference_states, unpack_keys
 from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 
@@ -53,7 +52,6 @@ __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "p
 ROWS = checks.ROWS  # query rows (N of WGMMA), padded; TILE (128) tokens a pipeline step
 SLABS = 8     # [rows, 16] k-slabs of a 128-wide operand
 PLANES = 8    # 2-bit codes per uint16 word (4-bit: 4, two word tiles a row)
-LOG2E = math.log2(math.e)  # the logits are in the log2 domain (the query carries the softmax scale x log2 e)
 
 
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
@@ -168,7 +166,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     softcap: the logits capped first (in their own scale); lo0 (sliding): row n sees tokens > lo0 + n % T."""
     rows = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
     if softcap is not None:
-      scs = [capped(sc, 2.0 ** DENORM_LOG2 if denorm else 1.0) for sc in scs]
+      scs = [soft_capped(sc, softcap, 2.0 ** DENORM_LOG2 if denorm else 1.0) for sc in scs]
     oks = [(first_tile + j) * TILE + rows < length for j in range(len(scs))]
     if lo0 is not None:
       lo = lo0 + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 1) % w_queries
@@ -181,11 +179,6 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     if denorm:  # a masked logit gives sc k - m_new <= NEG 2^DENORM_LOG2 - NEG < -1e34 (m_new >= NEG): exp2 is 0
       return [jnp.exp2(sc * k - (m_new - DENORM_LOG2)[None, :]) for sc in scs], m_new, alpha
     return [jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0) for ok, sc in zip(oks, scs)], m_new, alpha
-
-  def capped(sc, k):
-    """The soft-cap of logits sc / k (log2 domain x 1 / k): c tanh(sc / c), c = cap log2(e) / k."""
-    c = softcap * LOG2E / k
-    return c * jnp.tanh(sc * (1.0 / c))
 
   once = opt.scales_once and ks.dtype != jnp.float16
   # the f32 query, the scaled fp16 query and the zero rows in shared memory for the whole program: the
@@ -316,7 +309,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     if sliding is not None:
       visible = visible & (token > qpos - sliding)
     sc = jnp.where(from_res, sc_r, sc_q)
-    sc = jnp.where(visible, sc if softcap is None else capped(sc, 1.0), NEG)
+    sc = jnp.where(visible, sc if softcap is None else soft_capped(sc, softcap), NEG)
     m_w = jnp.max(sc, axis=0)
     p = jnp.where(visible, jnp.exp2(sc - m_w[None, :]), 0.0)
 
