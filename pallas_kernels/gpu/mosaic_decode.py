@@ -27,7 +27,8 @@ from kvjax.formats import KIVISpec
 from pallas_kernels.gpu import decode, merge, mosaic_epilogue as epilogue, mosaic_kivi as mk, window_merge
 
 __all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT",
-           "GROUPED_VARIANT", "GROUPS", "BITS", "WINDOWS", "DEFAULT_WINDOW", "auto_window", "GLUE_IN_KERNEL",
+           "GROUPED_VARIANT", "GROUPS", "BITS", "WINDOWS", "DEFAULT_WINDOW", "auto_window", "resolved_window",
+           "default_variant", "GLUE_IN_KERNEL",
            "PALLAS_MERGE", "pallas_merge_default"]
 
 # Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
@@ -125,6 +126,20 @@ def auto_window(variant: str | mk.Options, k_res_dtype, v_res_dtype) -> str:
   opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
   ok = opt.dequant_in_a and all(jnp.dtype(d) in (jnp.bfloat16, jnp.float16) for d in (k_res_dtype, v_res_dtype))
   return "kernel" if ok else "pallas"
+
+
+def default_variant(cache) -> str:
+  """`decode_attention`'s build for `cache`: DEFAULT_VARIANT for KIVI-2 G=128, else GROUPED_VARIANT."""
+  grouped = cache.fmt.key.group_size != mk.TILE or cache.fmt.key.bits != 2
+  return GROUPED_VARIANT if grouped else DEFAULT_VARIANT
+
+
+def resolved_window(cache, window: str, variant=None) -> str:
+  """The window `decode_attention` uses for `cache`: "auto" resolved by `auto_window` for the variant
+  (None: `default_variant`), any other as given."""
+  if window != "auto":
+    return window
+  return auto_window(variant or default_variant(cache), cache.k_res.dtype, cache.v_res.dtype)
 
 
 TARGET_PROGRAMS = 512  # B=8 x 8 KV heads x 8 splits: the best of 4 / 8 at 32k; 1 x 8 x 32 at B=1
@@ -261,14 +276,13 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
     raise ValueError(f"q must be [B, N, T, {cache.head_dim}] with N a multiple of the {kh} KV heads and "
                      f"N / {kh} x T <= {mk.ROWS} query rows per KV head, got {q.shape}")
   b, n, t, h = q.shape
-  grouped = cache.fmt.key.group_size != mk.TILE or cache.fmt.key.bits != 2  # GROUPED_VARIANT's cases
+  grouped = default_variant(cache) == GROUPED_VARIANT  # G=32 or 4-bit
   if variant is None:
-    variant = GROUPED_VARIANT if grouped else DEFAULT_VARIANT
+    variant = default_variant(cache)
   opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
   if num_splits is None:
     num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
-  if window == "auto":
-    window = auto_window(variant, cache.k_res.dtype, cache.v_res.dtype)
+  window = resolved_window(cache, window, variant)
   if logit_softcap is not None and not (isinstance(logit_softcap, (int, float)) and logit_softcap > 0):
     raise ValueError(f"logit_softcap must be a positive number or None, got {logit_softcap!r}")
   if sliding_window is not None and (int(sliding_window) != sliding_window or sliding_window < 1):

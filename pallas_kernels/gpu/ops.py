@@ -341,9 +341,7 @@ def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits
     raise NotImplementedError(f"pallas_gpu: 'words' KIVI cache: {why}")
   kernel = "the Mosaic KIVI kernel a 'words' cache goes to"
   _mosaic_refusals(q, cache, None, None, triton_options, kernel)
-  if (softcap or window is not None) and mosaic_window == "auto":
-    mosaic_window = mosaic_decode.auto_window(mosaic_decode.GROUPED_VARIANT, cache.k_res.dtype, cache.v_res.dtype)
-  if (softcap or window is not None) and mosaic_window != "kernel":
+  if (softcap or window is not None) and mosaic_decode.resolved_window(cache, mosaic_window) != "kernel":
     raise NotImplementedError(f"pallas_gpu: {kernel} applies a soft-cap or sliding window with the residual window "
                               f"in the kernel, not {mosaic_window!r}")
   return mosaic_decode.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits,
