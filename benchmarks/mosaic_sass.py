@@ -160,15 +160,15 @@ def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16, ker
   topo = topologies.get_topology_desc(platform="cuda", target_config=open(target_config).read(), topology="1x1x1")
   on = jax.sharding.SingleDeviceSharding(topo.devices[0])
   sd = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=on)
-  kh, g = dk.SHAPE.k_heads, ctx // mk.TILE
-  per_token = (b, kh, ctx) if group == 128 else (b, kh, ctx, 128 // group)
-  cache = (sd((b, kh, ctx, 8 * bits), jnp.uint16), sd((b, kh, ctx // group, 128), scale_dtype),
-           sd((b, kh, ctx // group, 128), scale_dtype), sd((b, kh, g, 128, 8 * bits), jnp.uint16), sd(per_token, scale_dtype),
+  kh, g, h = dk.SHAPE.k_heads, ctx // mk.TILE, dk.SHAPE.head_dim  # --shape
+  per_token = (b, kh, ctx) if group == 128 and h == 128 else (b, kh, ctx, h // group)
+  cache = (sd((b, kh, ctx, h * bits // 16), jnp.uint16), sd((b, kh, ctx // group, h), scale_dtype),
+           sd((b, kh, ctx // group, h), scale_dtype), sd((b, kh, g, h, 8 * bits), jnp.uint16), sd(per_token, scale_dtype),
            sd(per_token, scale_dtype))
   if kernel == "fp8":
     cache = (sd((b, kh, ctx, 128), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype),
              sd((b, kh, ctx, 128), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype))
-  ring = sd((b, kh, mk.TILE, 128), jnp.bfloat16)
+  ring = sd((b, kh, mk.TILE, h), jnp.bfloat16)
   lengths = sd((b,), jnp.int32)
   return sd((b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16), lengths, cache, (lengths, ring, ring)
 
@@ -191,8 +191,11 @@ def main(argv=None):
   ap.add_argument("--kernel", default="kivi2", choices=("kivi2", "fp8"), help="which Mosaic kernel's builds")
   ap.add_argument("--group", type=int, default=128, choices=(128, 32), help="KIVI's group size G (--kernel kivi2)")
   ap.add_argument("--bits", type=int, default=2, choices=(2, 4), help="KIVI's code width (--kernel kivi2)")
+  ap.add_argument("--shape", default="llama3_8b", choices=tuple(dk.SHAPES),
+                  help="the head shape (with --target-config; gemma2_2b: head_dim 256)")
   ap.add_argument("--out", required=True)
   args = ap.parse_args(argv)
+  dk.SHAPE = dk.SHAPES[args.shape]
   builds = parse_builds(args.builds)
   for name, variant, window in builds:
     if isinstance(variant_options(variant), mf.Fp8Options) != (args.kernel == "fp8") or window and args.kernel == "fp8":
@@ -225,7 +228,7 @@ def main(argv=None):
     for k in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_PTXAS"):
       os.environ.pop(k)
     row = {"build": name, "variant": variant, "window": window, "batch": b, "context": ctx, "splits": args.splits,
-           "scale_dtype": args.scale_dtype, "group": args.group, "bits": args.bits}
+           "scale_dtype": args.scale_dtype, "group": args.group, "bits": args.bits, "shape": args.shape}
     if not args.target_config:
       row["device_kind"] = jax.devices()[0].device_kind
       def step(x, f=f):

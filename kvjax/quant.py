@@ -305,22 +305,23 @@ def words_supported(spec: QuantSpec, head_dim: int, capacity: int) -> str | None
   """None when `spec` codes of a ``[.., capacity, head_dim]`` array can take the "words" layout, else why."""
   if not (isinstance(spec, KIVISpec) and spec.bits in WORDS_BITS and spec.group_size in WORDS_GROUPS):
     return f"needs KIVI with bits in {WORDS_BITS} and group_size in {WORDS_GROUPS}, got {spec}"
-  if head_dim != WORDS_TILE:
-    return f"needs head_dim {WORDS_TILE}, got {head_dim}"
+  if head_dim % WORDS_TILE:
+    return f"needs a head_dim that is a multiple of {WORDS_TILE}, got {head_dim}"
   if capacity % WORDS_TILE:
     return f"needs a capacity that is a multiple of {WORDS_TILE}, got {capacity}"
   return None
 
 
 def words_layout(codes: Array, spec: KIVISpec) -> Array:
-  """Unpacked KIVI codes ``[..., S, 128]`` -> the "words" layout ``[..., S, 128 bits / 16]`` uint16 (`QArray.layout`)."""
+  """Unpacked KIVI codes ``[..., S, H]`` -> the "words" layout ``[..., S, H bits / 16]`` uint16 (`QArray.layout`; values:
+  each 128-token tile's ``[H, 128]`` transpose, so the leaf viewed ``[..., S / 128, H, 128 bits / 16]``)."""
   if spec.axis == "channel":  # values: 128-token tiles transposed, words along the tile's tokens
     codes = tile_tokens(codes, WORDS_TILE)
   return packing.pack_words(codes, spec.bits)
 
 
 def unwords_layout(words: Array, spec: KIVISpec) -> Array:
-  """Inverse of `words_layout`: codes ``[..., S, 128]`` uint8."""
+  """Inverse of `words_layout`: codes ``[..., S, H]`` uint8."""
   codes = packing.unpack_words(words, spec.bits)
   return untile_tokens(codes, WORDS_TILE) if spec.axis == "channel" else codes
 

@@ -50,22 +50,24 @@ def _scatter_tiled(dst: Array, new: Array, pos: Array, tile: int) -> Array:
 
 
 def _scatter_planes(dst: Array, new: Array, pos: Array, bits: int = 2) -> Array:
-  """`bits`-bit codes new [B, K, n, 128] of tokens pos [B, n] into a "words" value leaf dst [B, K, S, 128 bits
-  / 16] (`QArray.layout`): token p's code of channel h goes, with e = p % 128 and block = `packing.word_block`,
-  to bits `bits` ((e % block) // 16) of word 16 (e // block) + e % 16 in row 128 (p // 128) + h; other bits
-  are kept. Each token's field is replaced by adding (new - old) << shift modulo 2^16: exact, and order-free
-  when tokens of one append share words."""
+  """`bits`-bit codes new [B, K, n, H] of tokens pos [B, n] into a "words" value leaf dst [B, K, S, H bits / 16]
+  (`QArray.layout`), viewed as rows of one channel's 128-token tile [B, K, S H / 128, 8 bits]: token p's code
+  of channel h goes, with e = p % 128 and block = `packing.word_block`, to bits `bits` ((e % block) // 16) of
+  word 16 (e // block) + e % 16 in row H (p // 128) + h; other bits are kept. Each token's field is replaced
+  by adding (new - old) << shift modulo 2^16: exact, and order-free when tokens of one append share words."""
   w, block = quant.WORDS_TILE, packing.word_block(bits)
-  s = dst.shape[2]
-  def one(d, c, p):  # d [K, S, 16], c [K, n, H], p [n]; p >= S: dropped (rows out of range)
-    rows = (p // w * w)[:, None] + jnp.arange(c.shape[-1])[None, :]  # [n, H]
+  h = new.shape[-1]
+  view = dst.reshape(dst.shape[0], dst.shape[1], -1, 8 * bits)
+  s = view.shape[2]  # S H / 128 rows
+  def one(d, c, p):  # d [K, S H / 128, 8 bits], c [K, n, H], p [n]; p >= S: dropped (rows out of range)
+    rows = (p // w * h)[:, None] + jnp.arange(h)[None, :]  # [n, H]
     e = p % w
     col = (16 * (e // block) + e % 16)[:, None]
     shift = (bits * ((e % block) // 16)).astype(jnp.uint16)[None, :, None]
     old = (d[:, jnp.clip(rows, 0, s - 1), col] >> shift) & jnp.uint16(2 ** bits - 1)  # [K, n, H]
     delta = (c.astype(jnp.uint16) - old) << shift
     return d.at[:, rows, col].add(delta, mode="drop")
-  return jax.vmap(one)(dst, new, pos)
+  return jax.vmap(one)(view, new, pos).reshape(dst.shape)
 
 
 @dataclasses.dataclass(frozen=True)

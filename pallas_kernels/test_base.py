@@ -73,19 +73,19 @@ def make_case(fmt_name: str, lengths, *, num_kv_heads=2, rep=4, head_dim=128, nu
   return q.astype(jnp.bfloat16), cache
 
 
-def kivi2_unpacked_case(lengths, *, num_kv_heads=2, capacity=512, rows=16, seed=0, group=128):
+def kivi2_unpacked_case(lengths, *, num_kv_heads=2, capacity=512, rows=16, seed=0, group=128, head_dim=128):
   """Random KIVI-2 data for `pallas_kernels.gpu.mosaic_kivi` (its inputs before packing):
-  (q_t [B, K, 128, rows] f32, lengths, key codes [B, K, S, 128] uint8, key scale, key zero
-  [B, K, S / G, 128] fp16, value codes, value scale, value zero [B, K, S] fp16 (G = group = 128) or
-  [B, K, S, 128 / G])."""
+  (q_t [B, K, H, rows] f32, lengths, key codes [B, K, S, H] uint8, key scale, key zero
+  [B, K, S / G, H] fp16, value codes, value scale, value zero [B, K, S] fp16 (G = group = 128) or
+  [B, K, S, H / G]); H = head_dim."""
   rng = np.random.default_rng(seed)
-  b, kh, s = len(lengths), num_kv_heads, capacity
-  codes = lambda: rng.integers(0, 4, (b, kh, s, 128)).astype(np.uint8)
+  b, kh, s, h = len(lengths), num_kv_heads, capacity, head_dim
+  codes = lambda: rng.integers(0, 4, (b, kh, s, h)).astype(np.uint8)
   scale = lambda *shape: rng.uniform(0.05, 0.2, shape).astype(np.float16)
   zero = lambda *shape: rng.normal(0, 0.2, shape).astype(np.float16)
-  q_t = (rng.normal(size=(b, kh, 128, rows)) * 0.3).astype(np.float32)
-  per_token = (b, kh, s) if group == 128 else (b, kh, s, 128 // group)
-  case = (q_t, np.asarray(lengths, np.int32), codes(), scale(b, kh, s // group, 128), zero(b, kh, s // group, 128),
+  q_t = (rng.normal(size=(b, kh, h, rows)) * 0.3 * (128 / h) ** 0.5).astype(np.float32)
+  per_token = (b, kh, s) if group == 128 and h == 128 else (b, kh, s, h // group)
+  case = (q_t, np.asarray(lengths, np.int32), codes(), scale(b, kh, s // group, h), zero(b, kh, s // group, h),
           codes(), scale(*per_token), zero(*per_token))
   return tuple(map(jnp.asarray, case))
 

@@ -16,17 +16,16 @@ from pallas_kernels import test_base
 from pallas_kernels.gpu import mosaic_decode as md, ops
 
 
-def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0, layout="", fmt="kivi2_g128"):
+def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0, layout="", fmt="kivi2_g128", head_dim=128):
   fmt = formats.preset(fmt) if isinstance(fmt, str) else fmt
   rng = np.random.default_rng(seed)
-  b = len(lengths)
-  c = kvcache.init_cache(fmt, b, kv_heads, capacity, 128, kivi_layout=layout)
+  b, h = len(lengths), head_dim
+  c = kvcache.init_cache(fmt, b, kv_heads, capacity, h, kivi_layout=layout)
   t = max(max(lengths), 1)
-  kv = lambda: jnp.asarray(rng.normal(size=(b, kv_heads, t, 128)) + rng.normal(size=(1, kv_heads, 1, 128)),
-                           jnp.float32)
+  kv = lambda: jnp.asarray(rng.normal(size=(b, kv_heads, t, h)) + rng.normal(size=(1, kv_heads, 1, h)), jnp.float32)
   c = kvcache.prefill(c, kv(), kv(), jnp.asarray(lengths, jnp.int32))
   for _ in range(appends):  # decode steps: the residual fills and flushes one token at a time
-    one = lambda: jnp.asarray(rng.normal(size=(b, kv_heads, 1, 128)), jnp.float32)
+    one = lambda: jnp.asarray(rng.normal(size=(b, kv_heads, 1, h)), jnp.float32)
     c = kvcache.append(c, one(), one())
   return c
 
@@ -56,6 +55,45 @@ def test_matches_the_library_reference(lengths, appends, splits, layout, via_ops
 
 
 INTERPRET = jax.default_backend() != "gpu"  # natively on a GPU (benchmarks/runs/session15_b.sh)
+
+
+@pytest.mark.parametrize("fmt,lengths,appends,t,window,extra", [
+    ("kivi2_g128", (385, 200, 0), 3, 1, "kernel", {}),      # ragged, empty; the window straddles a key group
+    ("kivi2_g128", (300, 2), 0, 2, "xla", {}),              # the window in XLA; 2 query tokens
+    ("kivi2_g128", (509, 260), 1, 1, "kernel", dict(logit_softcap=20.0, sliding_window=150)),  # Gemma 2's options
+    (formats.kivi(4, 128, 128), (509, 130), 0, 1, "kernel", {}),  # 4-bit codes: 4 key word tiles a row
+    ("kivi2_g128", (300, 129), 2, 1, "ops", {}),            # through ops, its default window
+])
+def test_head_dim_256(fmt, lengths, appends, t, window, extra):  # noqa: PLR0913
+  """Gemma 2's head_dim 256 (G=128): 16 key k-slabs a tile, two 128-channel value accumulators, value scales per
+  token and half (made half-major once a tile, `mosaic_groups.split_halves`), the window's ring in 4 parts: ==
+  the library reference on a "words" cache (the GPU default at head_dim 256 for G=128)."""
+  c = _cache(lengths, appends=appends, layout="words", fmt=fmt, head_dim=256)
+  assert c.v.scale.shape[-1] == 2 and md.supports(c) is None
+  q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, t, 256)), jnp.bfloat16)
+  if window == "ops":
+    out = ops.decode_attention(q, c, num_splits=2, interpret=INTERPRET)
+  else:
+    out = md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, window=window, **extra)
+  kw = {"logit_softcap": extra.get("logit_softcap"), "window": extra.get("sliding_window")}
+  out = np.asarray(out, np.float32)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c, **kw))
+  visible = np.broadcast_to((np.asarray(c.lengths)[:, None] - t + np.arange(t) >= 0)[:, None, :, None], out.shape)
+  assert test_base.relative_error(out[visible], ref[visible]) < 5e-3  # bf16 output
+  np.testing.assert_array_equal(out[~visible], 0.0)
+  if extra:
+    plain = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
+    assert test_base.relative_error(plain[visible], ref[visible]) > 2e-2
+
+
+def test_head_dim_256_refusals():
+  """G=32 at head_dim 256 stays planar on the GPU (Triton); the window 'pallas' and in-kernel merge take 128."""
+  assert md.supports(_cache((10,), fmt="kivi2", layout="words", head_dim=256)).startswith("head_dim must be in")
+  assert kvcache.default_kivi_layout(formats.preset("kivi2"), 512, 256, backend="gpu") == ""
+  assert kvcache.default_kivi_layout(formats.preset("kivi2_g128"), 512, 256, backend="gpu") == "words"
+  c = _cache((10,), layout="words", head_dim=256)
+  with pytest.raises(ValueError, match="head_dim 256 cache takes 'kernel' or 'xla'"):
+    md.decode_attention(jnp.zeros((1, 4, 1, 256), jnp.bfloat16), c, interpret=True, window="pallas")
 
 
 def _words_case_matches(fmt, lengths, appends, t, window, via_ops, glue=None):  # noqa: PLR0913

@@ -90,3 +90,25 @@ def test_bad_inputs_are_refused():
     mg.regroup(ok, _Ref(jnp.zeros((128, 4))), layout="rows", interpret=True)
   with pytest.raises(ValueError, match=r"factors must hold one float per k-slab \(8\), got \(1.0, 2.0\)"):
     mg.regroup(ok, ok, (1.0, 2.0), layout="rows", interpret=True)
+
+
+@pytest.mark.parametrize("tiles", [1, 2])
+@pytest.mark.parametrize("with_factors", [False, True])
+def test_split_halves_makes_each_half_contiguous(tiles, with_factors):
+  """Head_dim 256: entry 2 x + u of a tile (token x, half u; the cache's [S, 2]) lands at 128 u + x, times the
+  factor of x's 16-token slab."""
+  rng = np.random.default_rng(tiles)
+  src = rng.uniform(-2, 2, (tiles, 128, 2)).astype(np.float32)
+  factors = tuple(float(2.0 ** -i) for i in range(8)) if with_factors else None
+  dst = _Ref(np.zeros(tiles * 256, np.float16))
+  mg.split_halves(_Ref(src.reshape(-1)), dst, factors, interpret=True)
+  f = np.repeat(np.asarray(factors or (1.0,) * 8, np.float32), 16)[None, :, None]
+  want = (src * f).transpose(0, 2, 1).reshape(-1).astype(np.float16)
+  np.testing.assert_array_equal(np.asarray(dst.x), want)
+
+
+def test_split_halves_refuses_bad_inputs():
+  with pytest.raises(ValueError, match=r"src and dst must be \[n x 256\] alike, got \(128,\)"):
+    mg.split_halves(_Ref(np.zeros(128)), _Ref(np.zeros(128)), interpret=True)
+  with pytest.raises(ValueError, match="one float per k-slab"):
+    mg.split_halves(_Ref(np.zeros(256)), _Ref(np.zeros(256)), (1.0,), interpret=True)

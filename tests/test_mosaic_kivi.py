@@ -197,7 +197,7 @@ def test_query_rows_prepared_in_the_kernel(variant):
 def test_bad_shapes_are_refused():
   q_t, ln, kc, ks, kz, vc, vs, vz = _case()
   args = (ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
-  with pytest.raises(ValueError, match=r"q_t must be \[B, K, 128, 16\], got \(2, 2, 128, 8\)"):
+  with pytest.raises(ValueError, match=r"q_t must be \[B, K, H in \(128, 256\), 16\], got \(2, 2, 128, 8\)"):
     mk.kivi2_states(q_t[..., :8], *args, num_splits=1, interpret=True)
   with pytest.raises(ValueError, match=r"capacity 512 must be a multiple of 128 x tiles_per_step \(1\) x num_splits \(3\)"):
     mk.kivi2_states(q_t, *args, num_splits=3, interpret=True)
@@ -211,6 +211,30 @@ def test_bad_shapes_are_refused():
     mk.kivi2_states(q_t, None, *args[1:], num_splits=1, interpret=True)
   with pytest.raises(ValueError, match=r"lengths must be \[2\] int32 \(or None with a window\), got \(3,\)"):
     mk.kivi2_states(q_t, jnp.zeros(3, jnp.int32), *args[1:], num_splits=1, interpret=True)
+
+
+@pytest.mark.parametrize("lengths,splits", [((512, 200), 2), ((0, 129), 4)])
+def test_head_dim_256_states_match_reference(lengths, splits):
+  """Gemma 2's head_dim 256 at G=128, fp16 scales (converted once a tile anyway: the value scales per token and
+  half made half-major, `mosaic_groups.split_halves`): 16 key k-slabs, two 128-channel value accumulators."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = test_base.kivi2_unpacked_case(lengths, rows=mk.ROWS, head_dim=256)
+  assert kc.shape[-1] == 256 and vs.shape[-1] == 2
+  out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz, num_splits=splits,
+                        interpret=True, variant=DENORM_FIXED)
+  _check_states(out, mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=splits), DENORM_FIXED)
+
+
+def test_head_dim_256_refusals():
+  q_t, ln, kc, ks, kz, vc, vs, vz = test_base.kivi2_unpacked_case((300,), rows=mk.ROWS, head_dim=256)
+  args = (q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
+  with pytest.raises(ValueError, match="head_dim 256 needs a dequant_in_a variant with scales_once, got 'lean'"):
+    mk.kivi2_states(*args, num_splits=1, interpret=True, variant="lean")
+  with pytest.raises(ValueError, match=r"vs must be \(1, 2, 512, 2\), got \(1, 2, 512\)"):
+    mk.kivi2_states(*args[:6], vs[..., 0], vz, num_splits=1, interpret=True, variant=DENORM_FIXED)
+  g = test_base.kivi2_unpacked_case((300,), rows=mk.ROWS, head_dim=256, group=32)
+  with pytest.raises(ValueError, match=r"G=32 \(ks \(1, 2, 16, 256\)\) needs head_dim 128, got 256"):
+    mk.kivi2_states(g[0], g[1], mk.pack_keys(g[2]), *g[3:5], mk.pack_values(g[5]), *g[6:], num_splits=1,
+                    interpret=True, variant=DENORM_FIXED)
 
 
 def test_options_are_validated():

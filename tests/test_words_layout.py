@@ -66,7 +66,7 @@ def test_quantize_words_rejects_formats_it_cannot_hold():
     quant.quantize(x, KIVISpec(bits=2, group_size=64), layout="words")
   with pytest.raises(ValueError, match=r"bits in \(2, 4\) and group_size in \(128, 32\), got .*group_size=16"):
     quant.quantize(x, KIVISpec(bits=4, group_size=16), layout="words")
-  with pytest.raises(ValueError, match="head_dim 128, got 64"):
+  with pytest.raises(ValueError, match="head_dim that is a multiple of 128, got 64"):
     quant.quantize(jnp.ones((1, 256, 64)), KIVISpec(bits=2, group_size=128), layout="words")
   with pytest.raises(ValueError, match="layout must be '' or 'words'"):
     quant.quantize(x, KIVISpec(bits=2, group_size=128), layout="tiles")
@@ -74,10 +74,10 @@ def test_quantize_words_rejects_formats_it_cannot_hold():
     quant.quantize(x, formats.preset("int8").key, layout="words")
 
 
-def _pair(b, s, kv_heads=2, stale=True, fmt="kivi2_g128"):
+def _pair(b, s, kv_heads=2, stale=True, fmt="kivi2_g128", head_dim=H):
   fmt = formats.preset(fmt)
-  planar = kvcache.init_cache(fmt, b, kv_heads, s, H, kivi_layout="")
-  words = kvcache.init_cache(fmt, b, kv_heads, s, H, kivi_layout="words")
+  planar = kvcache.init_cache(fmt, b, kv_heads, s, head_dim, kivi_layout="")
+  words = kvcache.init_cache(fmt, b, kv_heads, s, head_dim, kivi_layout="words")
   if stale:  # a reused buffer: appends must replace the bits they own, not OR into them
     bits = lambda a: jax.random.bits(jax.random.key(a.size), a.shape, jnp.uint16)
     words = words.replace(k=words.k.replace(codes=bits(words.k.codes)), v=words.v.replace(codes=bits(words.v.codes)))
@@ -92,15 +92,17 @@ def _same_tokens(a, b):
     np.testing.assert_array_equal(np.asarray(va[i, :, :n]), np.asarray(vb[i, :, :n]))
 
 
-@pytest.mark.parametrize("fmt", ["kivi2_g128", "kivi2", "kivi4"])
-def test_cache_in_words_layout_holds_the_same_tokens(fmt):
+@pytest.mark.parametrize("fmt,h", [("kivi2_g128", H), ("kivi2", H), ("kivi4", H), ("kivi2_g128", 256), ("kivi4", 256)])
+def test_cache_in_words_layout_holds_the_same_tokens(fmt, h):
+  """XLA's scatters into "words" (keys' rows of h bits / 16 words, values' 128-token tiles of h channel rows) ==
+  the planar cache, token for token; head_dim 256 (Gemma 2) too."""
   rng = np.random.default_rng(0)
-  planar, words = _pair(3, 512, fmt=fmt)
+  planar, words = _pair(3, 512, fmt=fmt, head_dim=h)
   bits = words.fmt.key.bits
-  assert words.k.codes.shape == (3, 2, 512, 8 * bits) and words.capacity == 512 and words.head_dim == H
+  assert words.k.codes.shape == (3, 2, 512, h * bits // 16) and words.capacity == 512 and words.head_dim == h
   # prefill (ragged, one empty), a chunk crossing tile and group boundaries, decode steps, a long append
   for t, num in ((200, [200, 3, 0]), (1, None), (140, [40, 17, 128]), (1, None), (1, None), (130, [10, 130, 64])):
-    kv = [jnp.asarray(rng.standard_normal((3, 2, t, H)), jnp.float32) for _ in range(2)]
+    kv = [jnp.asarray(rng.standard_normal((3, 2, t, h)), jnp.float32) for _ in range(2)]
     num = None if num is None else jnp.asarray(num)
     planar, words = kvcache.append(planar, *kv, num), kvcache.append(words, *kv, num)
     _same_tokens(planar, words)
@@ -132,7 +134,8 @@ def test_default_layout_per_backend_and_format():
   f = formats.preset("kivi2_g128")
   assert kvcache.default_kivi_layout(f, 1024, 128, backend="gpu") == "words"
   assert kvcache.default_kivi_layout(f, 1024, 128, backend="cpu") == ""
-  assert kvcache.default_kivi_layout(f, 1024, 256, backend="gpu") == ""  # Gemma's head_dim
+  assert kvcache.default_kivi_layout(f, 1024, 256, backend="gpu") == "words"  # Gemma's head_dim, G=128 (session 28)
+  assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 256, backend="gpu") == ""  # G=32 there: planar
   assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 128, backend="gpu") == "words"  # G=32
   assert kvcache.default_kivi_layout(formats.preset("kivi4"), 1024, 128, backend="gpu") == "words"
   assert kvcache.default_kivi_layout(formats.preset("kivi4"), 1024, 128, backend="cpu") == ""
@@ -148,8 +151,8 @@ def test_init_cache_rejects_bad_layouts():
     kvcache.init_cache(formats.kivi(4, 64, 128), 1, 1, 256, H, kivi_layout="words")
   with pytest.raises(ValueError, match="kivi_layout='words' format 'int8' is not KIVI"):
     kvcache.init_cache(formats.preset("int8"), 1, 1, 256, H, kivi_layout="words")
-  with pytest.raises(ValueError, match="head_dim 128, got 256"):
-    kvcache.init_cache(formats.preset("kivi2_g128"), 1, 1, 256, 256, kivi_layout="words")
+  with pytest.raises(ValueError, match="head_dim that is a multiple of 128, got 96"):
+    kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, 96, kivi_layout="words")
 
 
 def test_writers_and_kernels_that_decline_fall_back(monkeypatch):
@@ -171,6 +174,11 @@ def test_writers_and_kernels_that_decline_fall_back(monkeypatch):
   monkeypatch.setattr(write, "NATIVE_WORDS_BITS", (2,))  # a width held back natively: refused
   with pytest.raises(NotImplementedError, match=r"'words' codes of 4 bits natively"):
     write.write_rows(words4, [], interpret=False)
+  _, wide = _pair(2, 256, kv_heads=1, stale=False, head_dim=256)  # the writer stores 128-channel rows only
+  kv256 = jnp.ones((2, 1, 1, 256))
+  with pytest.raises(NotImplementedError, match="'words' codes of head_dim 256"):
+    write.append(wide, kv256, kv256, interpret=True)
+  _same_tokens(kvcache.append(wide, kv256, kv256), dispatch.append(wide, kv256, kv256, implementation="pallas_gpu"))
   ref = dispatch.decode_attention(q, out, implementation="xla")
   np.testing.assert_array_equal(np.asarray(dispatch.decode_attention(q, out, implementation=("pallas_gpu", "xla"))),
                                 np.asarray(ref))

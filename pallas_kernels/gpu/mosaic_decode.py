@@ -129,8 +129,10 @@ def auto_window(variant: str | mk.Options, k_res_dtype, v_res_dtype) -> str:
 
 
 def default_variant(cache) -> str:
-  """`decode_attention`'s build for `cache`: DEFAULT_VARIANT for KIVI-2 G=128, else GROUPED_VARIANT."""
-  grouped = cache.fmt.key.group_size != mk.TILE or cache.fmt.key.bits != 2
+  """`decode_attention`'s build for `cache`: DEFAULT_VARIANT for KIVI-2 G=128 at head_dim 128, else GROUPED_VARIANT
+  (lag 0; at head_dim 256 compiled for an H200 on the CPU: 167 registers, 3 programs per SM, against
+  DEFAULT_VARIANT's 178, 2; `decode_parts/session28/sass_aot_head_dim_256.json`)."""
+  grouped = cache.fmt.key.group_size != mk.TILE or cache.fmt.key.bits != 2 or cache.head_dim != mk.TILE
   return GROUPED_VARIANT if grouped else DEFAULT_VARIANT
 
 
@@ -188,8 +190,8 @@ def supports(cache) -> str | None:
   if k.group_size != v.group_size or k.group_size not in GROUPS or fmt.residual != mk.TILE:
     return (f"group sizes must be equal and in {GROUPS}, the residual {mk.TILE}, got {k.group_size}, {v.group_size}, "
             f"{fmt.residual}")
-  if cache.head_dim != 128:
-    return f"head_dim must be 128, got {cache.head_dim}"
+  if cache.head_dim not in mk.HEAD_DIMS or (cache.head_dim != 128 and k.group_size != mk.TILE):
+    return f"head_dim must be in {mk.HEAD_DIMS} (256: G=128 only), got {cache.head_dim} at G={k.group_size}"
   if fmt.sink:
     return "sink tokens are not supported"
   if cache.num_layers is not None:
@@ -202,18 +204,19 @@ def repack(cache):
   "words" cache (reshapes); a full pass over the codes for a planar one."""
   if cache.k.layout == "words" and cache.v.layout == "words":
     b, kh, s, _ = cache.v.codes.shape
-    kc, vc = cache.k.codes, cache.v.codes.reshape(b, kh, s // mk.TILE, mk.TILE, -1)
+    kc, vc = cache.k.codes, cache.v.codes.reshape(b, kh, s // mk.TILE, cache.head_dim, -1)
   else:
     kc = mk.pack_keys(quant.unpacked_codes(cache.k), cache.fmt.key.bits)
     vc = mk.pack_values(quant.unpacked_codes(cache.v), cache.fmt.value.bits)
-  per_token = (lambda x: x[..., 0]) if cache.fmt.value.group_size == mk.TILE else (lambda x: x)  # [B, K, S(, H / G)]
+  one_group = cache.fmt.value.group_size == cache.head_dim
+  per_token = (lambda x: x[..., 0]) if one_group else (lambda x: x)  # [B, K, S(, H / G)]
   return kc, cache.k.scale, cache.k.zero, vc, per_token(cache.v.scale), per_token(cache.v.zero)
 
 
 def _window_keys(kc, ks, kz, tok):
   """Dequantized keys [B, K, R, H] at token indices tok [B, R] from the kernel's key layout."""
   words = jnp.take_along_axis(kc, tok[:, None, :, None], axis=2)  # [B, K, R, 16]
-  codes = mk.unpack_keys(words, kc.shape[-1] // 8)  # 16 words a row: 2-bit, 32: 4-bit
+  codes = mk.unpack_keys(words, kc.shape[-1] * 16 // ks.shape[-1])  # H bits / 16 words a row
   g = (tok // (kc.shape[2] // ks.shape[2]))[:, None, :, None]  # the token's key group
   s = jnp.take_along_axis(ks, g, axis=2).astype(jnp.float32)
   z = jnp.take_along_axis(kz, g, axis=2).astype(jnp.float32)
@@ -290,14 +293,14 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   if (logit_softcap is not None or sliding_window is not None) and window != "kernel":
     raise ValueError(f"logit_softcap / sliding_window are applied inside the kernel: they need window 'kernel' "
                      f"(or 'auto' resolving to it), got {window!r}")
-  if grouped and window == "pallas":
-    raise ValueError("window 'pallas' (window_merge) reads 2-bit G=128 keys; a G=32 or 4-bit cache takes 'kernel' "
-                     "or 'xla'")
+  if (grouped or h != 128) and window == "pallas":
+    raise ValueError("window 'pallas' (window_merge) reads 2-bit G=128 keys of 128 channels; a G=32, 4-bit or "
+                     "head_dim 256 cache takes 'kernel' or 'xla'")
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
   # The merged rows 16-bit only (session 24, compiled: f32 rows fail layout inference, `benchmarks/NOTES_gpu.md`).
   merge_here = (KERNEL_MERGE and b * kh * (num_splits + 1) <= KERNEL_MERGE_MAX_PROGRAMS
                 if kernel_merge is None else kernel_merge) and window == "kernel" \
-      and epilogue.cluster_merge_ok(num_splits + 1) and jnp.dtype(q.dtype).itemsize == 2
+      and epilogue.cluster_merge_ok(num_splits + 1) and jnp.dtype(q.dtype).itemsize == 2 and h == 128
   glue = (GLUE_IN_KERNEL if glue_in_kernel is None else glue_in_kernel) and window == "kernel"
   if pallas_merge is None:
     pallas_merge = pallas_merge_default(b, kh, num_splits + 1)

@@ -28,7 +28,7 @@ import numpy as np
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["GROUP", "GROUPS", "LAYOUTS", "group_fragment", "regroup", "packed_position"]
+__all__ = ["GROUP", "GROUPS", "LAYOUTS", "group_fragment", "regroup", "packed_position", "split_halves"]
 
 GROUP = 32            # rows (tokens of a key tile, channels of a value tile) per scale group
 GROUPS = 4            # groups per 128-row tile
@@ -189,3 +189,55 @@ def regroup(src, dst, factors=None, *, layout: str, interpret: bool):
       memref.store(vector.extract(v, [], [i]), dst_ref, [ix(g), ix(pos)])
   emit(src, dst)
 
+
+
+def split_halves(src, dst, factors=None, *, interpret: bool):
+  """Head_dim 256 at G=128: a value scale (or zero) per token and 128 channels. dst [n 256] fp16, each tile's
+  entries half-major (entry 256 j + 128 u + x: token x, half u) = src [n 256] (fp16 / bf16 / f32, token-major
+  as the cache holds them: 256 j + 2 x + u) x factors[x // 16] (8 floats, one per k-slab of 16 tokens, or
+  None), so a half's tokens are one contiguous [128] vector (`mosaic_kivi`'s per-slab broadcast). Natively
+  thread t of the warpgroup moves token t of each tile (one 2-entry load, 2 stores); the caller's
+  `plgpu.commit_smem` follows."""
+  n = src.shape[0]
+  if src.shape != dst.shape or len(src.shape) != 1 or n % 256:
+    raise ValueError(f"src and dst must be [n x 256] alike, got {src.shape} and {dst.shape}")
+  if factors is not None and len(factors) != 8:
+    raise ValueError(f"factors must hold one float per k-slab (8), got {factors!r}")
+  if interpret:
+    x = src[...].astype(jnp.float32).reshape(n // 256, 128, 2)
+    if factors is not None:
+      slab = lax.broadcasted_iota(jnp.int32, (1, 128, 1), 1) // 16
+      f = jnp.zeros((1, 128, 1), jnp.float32)
+      for m, fm in enumerate(factors):
+        f = jnp.where(slab == m, jnp.float32(fm), f)
+      x = x * f
+    dst[...] = x.transpose(0, 2, 1).reshape(n).astype(jnp.float16)
+    return
+  from jax.experimental.mosaic.gpu import utils  # noqa: PLC0415
+  from jaxlib.mlir import ir  # noqa: PLC0415
+  from jaxlib.mlir.dialects import arith, memref, vector  # noqa: PLC0415
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
+  def emit(ctx, src_ref, dst_ref):
+    del ctx
+    i32, index, f32, f16 = ir.IntegerType.get_signless(32), ir.IndexType.get(), ir.F32Type.get(), ir.F16Type.get()
+    elem = ir.MemRefType(src_ref.type).element_type
+    vec = lambda t: ir.VectorType.get((2,), t)
+    c = lambda v: arith.constant(i32, v)
+    ix = lambda v: arith.index_castui(index, v)
+    t = arith.andi(utils.thread_idx(), c(127))
+    f = None
+    if factors is not None:
+      slab = arith.shrui(t, c(4))
+      f = arith.constant(f32, float(factors[7]))
+      for m in range(6, -1, -1):  # factors[slab]
+        f = arith.select(arith.cmpi(arith.CmpIPredicate.eq, slab, c(m)), arith.constant(f32, float(factors[m])), f)
+    for j in range(n // 256):
+      v = vector.load(vec(elem), src_ref, [ix(arith.addi(c(256 * j), arith.shli(t, c(1))))])
+      v = v if elem == f32 else arith.extf(vec(f32), v)
+      if f is not None:
+        v = arith.mulf(v, vector.broadcast(vec(f32), f))
+      v = arith.truncf(vec(f16), v)
+      for u in range(2):
+        memref.store(vector.extract(v, [], [u]), dst_ref, [ix(arith.addi(c(256 * j + 128 * u), t))])
+  emit(src, dst)

@@ -50,6 +50,7 @@ from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
 
 ROWS = checks.ROWS  # query rows (N of WGMMA), padded; TILE (128) tokens a pipeline step
+HEAD_DIMS = checks.HEAD_DIMS
 SLABS = 8     # [rows, 16] k-slabs of a 128-wide operand
 PLANES = 8    # 2-bit codes per uint16 word (4-bit: 4, two word tiles a row)
 
@@ -91,13 +92,16 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   from the first visible one (`Options.balance`), the others mask.
   """
   if q_scale is not None:
-    q_rows, q_t = q_t, jax.ShapeDtypeStruct(q_t.shape[:2] + (128, ROWS), jnp.float32)  # the checks' shape
+    q_rows, q_t = q_t, jax.ShapeDtypeStruct(q_t.shape[:2] + (q_t.shape[3], ROWS), jnp.float32)  # the checks' shape
   opt = checks.options(variant)
   b, kh, h, s, bits, group, n_states = checks.check(q_t, q_rows if q_scale is not None else None, lengths, kc, ks,
                                                     kz, vc, vs, vz, opt=opt, variant=variant, num_splits=num_splits,
                                                     window=window, merged=merged, merge_by=merge_by,
                                                     softcap=softcap, sliding=sliding)
-  wpr, n_wt, per_word = 8 * bits, bits // 2, 16 // bits  # words a row, word tiles, planes a word
+  # words a row: keys' h channels, values' 128 tokens (h = 256: twice the keys' word tiles and k-slabs, and
+  # values' A operands and accumulator [256, ..] rows, M = 256); planes a word
+  kwpr, vwpr, per_word = h * bits // 16, 8 * bits, 16 // bits
+  vh = h // TILE  # value halves: 128-channel value accumulators; h = 256: value scales [S, 2] a token
   grouped = group != TILE
   if window is not None:
     w_len, k_res, v_res, w_queries = window
@@ -149,13 +153,14 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       if scale_ref is not None:
         x = x * col(scale_ref, i, rows, glayout=glayout)
       return x if add_ref is None else x + col(add_ref, i, rows, glayout=glayout)
-    return [(functools.partial(a, i), b_ref.at[pl.ds(16 * i, 16)]) for i in range(SLABS)]
+    return [(functools.partial(a, i), b_ref.at[pl.ds(16 * i, 16)]) for i in range(len(words) * per_word)]
 
   wgmma_load = functools.partial(plgpu.load, layout=plgpu.Layout.WGMMA)
 
   def word_tiles(ref, load):
-    """The [rows, 16] word tiles of a [rows, 16 n_wt] ref, each through load."""
-    return [load(ref)] if n_wt == 1 else [load(ref.at[:, pl.ds(16 * t, 16)]) for t in range(n_wt)]
+    """The [rows, 16] word tiles of a [rows, 16 n] ref, each through load."""
+    n = ref.shape[1] // 16
+    return [load(ref)] if n == 1 else [load(ref.at[:, pl.ds(16 * t, 16)]) for t in range(n)]
 
   denorm = opt.unpack == "denorm"
 
@@ -180,7 +185,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       return [jnp.exp2(sc * k - (m_new - DENORM_LOG2)[None, :]) for sc in scs], m_new, alpha
     return [jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0) for ok, sc in zip(oks, scs)], m_new, alpha
 
-  once = opt.scales_once and ks.dtype != jnp.float16
+  once = opt.scales_once and (ks.dtype != jnp.float16 or vh > 1)
   # the f32 query, the scaled fp16 query and the zero rows in shared memory for the whole program: the
   # steps without `dequant_in_a` read them every tile; the dequant steps read only the fp16 query (12.5 KB
   # less: KIVI-4's 4-bit word tiles then fit 4 programs per SM)
@@ -194,20 +199,21 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     nt = opt.tiles_per_step
     rows = lambda ref, j, size: ref.at[pl.ds(size * j, size)]
     scales = lambda ref, j, size: ref.at[pl.ds(groups.GROUPS * j, groups.GROUPS)] if grouped else rows(ref, j, size)
-    if grouped:  # per-plane factors for `mosaic_groups.regroup`
-      factors = ((tuple(2.0 ** planes.denorm_scale_log2(i % per_word, bits) for i in range(SLABS)),
-                  (2.0 ** -DENORM_LOG2,) * SLABS)
-                 if denorm else (None, None))
-    else:
-      factors = planes.denorm_factors(nt * TILE, bits) if denorm else (None, None)
+    # per-plane factors (`mosaic_groups.regroup`, `split_halves`), else per k column of the scales (keys: h a tile)
+    slab_factors = ((tuple(2.0 ** planes.denorm_scale_log2(i % per_word, bits) for i in range(SLABS)),
+                     (2.0 ** -DENORM_LOG2,) * SLABS) if denorm else (None, None))
+    column_factors = lambda n: planes.denorm_factors(n, bits) if denorm else (None, None)
     # grouped: the scales regrouped ("packed") when converted once, else as the cache holds them
     k_layout, v_layout = ("packed", "packed") if once else ("rows", "tokens")
 
     def to_fp16(srcs, dsts, size, layout):  # `once`: the scales (and zeros) in fp16, with their factors
+      factors = slab_factors if grouped or (vh > 1 and layout == "tokens") else column_factors(nt * size)
       for src, dst, f in zip(srcs, dsts, factors):
         if grouped:
           for j in range(nt):
             groups.regroup(scales(src, j, size), scales(dst, j, size), f, layout=layout, interpret=interpret)
+        elif vh > 1 and layout == "tokens":  # value scales per token and 128 channels: made half-major
+          groups.split_halves(src, dst, f, interpret=interpret)
         else:
           dst[...] = convert(src, f)
 
@@ -232,16 +238,17 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         for j, p in enumerate(ps):
           rows(pt_smem, j, TILE)[...] = p.astype(jnp.float16)
         if once:
-          to_fp16((vs_s, vz_s), s16[2:], TILE, "tokens")
+          to_fp16((vs_s, vz_s), s16[2:], TILE * vh, "tokens")
           vs_s, vz_s = s16[2:]
         l_new = l_update(l_prev, alpha, functools.reduce(jnp.add, ps))
         plgpu.commit_smem()
-      with jax.named_scope("vmma"):
-        pairs = []
-        for j in range(nt):
-          pairs += plane_pairs(word_tiles(rows(vc_s, j, h), wgmma_load), rows(pt_smem, j, TILE),
-                               scales(vz_s, j, TILE), scales(vs_s, j, TILE), magic, once, v_layout)
-        o = mma(o * alpha[None, :], pairs)
+      with jax.named_scope("vmma"):  # o: one [128, N] accumulator per 128 channels (M = 128 A operands)
+        half = lambda ref, u: ref if vh == 1 else ref.at[pl.ds(TILE * u, TILE)]
+        o = tuple(mma(o_u * alpha[None, :], [
+            pair for j in range(nt) for pair in plane_pairs(
+                word_tiles(half(rows(vc_s, j, h), u), wgmma_load), rows(pt_smem, j, TILE),
+                half(scales(vz_s, j, TILE * vh), u), half(scales(vs_s, j, TILE * vh), u), magic, once, v_layout)])
+                  for u, o_u in enumerate(o))
       if opt.manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
         plgpu.commit_smem()
       return o, m_new, l_new, cv
@@ -253,7 +260,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     present iff Lq >= 128), value `v_res[i]` either way (`window_merge`'s rule). Both key sources are
     scored for every slot and the slot's own picked: the quantized tile as the main loop's register A
     (codes, scales and zeros loaded from global memory right where each plane is built), the ring from
-    shared memory (two halves of 64 channels) against the query split into two 16-bit terms (q = hi +
+    shared memory (in parts of 64 channels) against the query split into two 16-bit terms (q = hi +
     lo: the ring's dtype, near-f32 logits). The values, the transposed A of the second product, pass
     through shared memory in two halves of 64 slots; the scopes reuse the quantized tiles' buffers.
     (Session 15 loaded the ring into the A registers. The kernel's 141 registers with the window were
@@ -288,11 +295,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
           t, m = divmod(i, per_word)
           return planes.plane_masked(words[t], hiw[t], m, magic, bits) * gcol(ks_g) + gcol(kz_g)
         sc_q = mma(jnp.zeros((TILE, ROWS), jnp.float32),
-                   [(functools.partial(a, i), q16_smem.at[pl.ds(16 * i, 16)]) for i in range(SLABS)])
+                   [(functools.partial(a, i), q16_smem.at[pl.ds(16 * i, 16)]) for i in range(h // 16)])
         sc_r = jnp.zeros((TILE, ROWS), jnp.float32)
-        for part in range(2):
+        for part in range(h // half):
           if part:
-            plgpu.copy_gmem_to_smem(kres_g.at[bi, ki, :, pl.ds(half, half)], kbuf, bar)
+            plgpu.copy_gmem_to_smem(kres_g.at[bi, ki, :, pl.ds(part * half, half)], kbuf, bar)
           plgpu.barrier_wait(bar)
           sc_r = mma(sc_r, [(functools.partial(lambda j: kbuf.at[:, pl.ds(16 * j, 16)], j),
                              qt.at[pl.ds(part * half + 16 * j, 16)]) for j in range(half // 16) for qt in (q_hi, q_lo)])
@@ -319,15 +326,15 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       with jax.named_scope("wvalues"):
         pw_smem[...] = p.astype(pw_smem.dtype)
         plgpu.commit_smem()
-        o = jnp.zeros((h, ROWS), jnp.float32)
+        o = (jnp.zeros((TILE, ROWS), jnp.float32),) * vh
         for part in range(2):
           if part:
             copy_half(part)
           plgpu.barrier_wait(bar)
-          vt = lambda j: (vbuf[pl.ds(16 * j, 16), :].T if interpret  # [H, 16 slots]
-                          else vbuf.at[pl.ds(16 * j, 16), :].transpose((1, 0)))
-          o = mma(o, [(functools.partial(vt, j), pw_smem.at[pl.ds(part * half + 16 * j, 16)])
-                      for j in range(half // 16)])
+          vt = lambda j, u: (vbuf[pl.ds(16 * j, 16), pl.ds(TILE * u, TILE)].T if interpret  # [128 channels, 16 slots]
+                             else vbuf.at[pl.ds(16 * j, 16), pl.ds(TILE * u, TILE)].transpose((1, 0)))
+          o = tuple(mma(o_u, [(functools.partial(vt, j, u), pw_smem.at[pl.ds(part * half + 16 * j, 16)])
+                              for j in range(half // 16)]) for u, o_u in enumerate(o))
       return o
     o = pl.run_scoped(values, plgpu.SMEM((half, h), v_res.dtype, transforms=code_tiles),
                       plgpu.SMEM((TILE, ROWS), v_res.dtype, transforms=b_tiles))
@@ -345,9 +352,15 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     def emit(o, m, l):  # this program's state: to the outputs, or into the in-kernel merge
       if merged is None:
         o_g, m_g, l_g = outs
-        o_g[bi, ki, si], m_g[bi, ki, si], l_g[bi, ki, si] = o, m, l
+        if isinstance(o, tuple):  # 128 channels an accumulator
+          for u, o_u in enumerate(o):
+            o_g[bi, ki, si, pl.ds(TILE * u, TILE)] = o_u
+        else:
+          o_g[bi, ki, si] = o
+        m_g[bi, ki, si], l_g[bi, ki, si] = m, l
       else:
-        epilogue.merge_states(o, m, l, outs[:3], outs[3], sync, counters, merge_by=merge_by,
+        epilogue.merge_states(o[0] if isinstance(o, tuple) else o, m, l, outs[:3], outs[3], sync, counters,
+                              merge_by=merge_by,
                               num_splits=n_states, interpret=interpret)
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
     def fetch_query(dst):  # the query [H, N] (x the scale), in dst's dtype
@@ -426,7 +439,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
     acc_shape = (TILE, ROWS) if opt.lazy_sums else (ROWS,)
     cv_shape = (1,) if opt.fold_zeros or opt.dequant_in_a else acc_shape  # zeros in A: no value zero term
-    init = (jnp.zeros((h, ROWS), jnp.float32), jnp.full((ROWS,), NEG, jnp.float32),
+    o0 = (jnp.zeros((TILE, ROWS), jnp.float32),) * vh if opt.dequant_in_a else jnp.zeros((h, ROWS), jnp.float32)
+    init = (o0, jnp.full((ROWS,), NEG, jnp.float32),
             jnp.zeros(acc_shape, jnp.float32), jnp.zeros(cv_shape, jnp.float32))
     nt = opt.tiles_per_step
     steps = per // nt  # steps of nt tiles per split
@@ -441,9 +455,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     pipe = plgpu.emit_pipeline(
         dequant_step(length, first, pt_smem, q16_smem, s16, magic, lo0) if opt.dequant_in_a else step, grid=(steps,),
         max_concurrent_steps=stages, init_carry=init,
-        in_specs=[plgpu.BlockSpec((nt * TILE, wpr), lambda t: (first + t, 0), transforms=code_tiles),
-                  plgpu.BlockSpec((nt * h, wpr), lambda t: (first + t, 0), transforms=code_tiles),
-                  *[plgpu.BlockSpec(sblock(nt, n_), lambda t: (first + t,) + (0,) * grouped) for n_ in (h, h, TILE, TILE)]])
+        in_specs=[plgpu.BlockSpec((nt * TILE, kwpr), lambda t: (first + t, 0), transforms=code_tiles),
+                  plgpu.BlockSpec((nt * h, vwpr), lambda t: (first + t, 0), transforms=code_tiles),
+                  *[plgpu.BlockSpec(sblock(nt, n_), lambda t: (first + t,) + (0,) * grouped)
+                    for n_ in (h, h, TILE * vh, TILE * vh)]])
     def tiles():
       o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
                              vs_g.at[bi, ki], vz_g.at[bi, ki])
@@ -479,7 +494,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       out_type=out_type, **mesh,
       scratch_types=[plgpu.SMEM((opt.tiles_per_step * TILE, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
-                     [plgpu.SMEM(sblock(opt.tiles_per_step, n_), jnp.float16) for n_ in (h, h, TILE, TILE)] if once else [],
+                     [plgpu.SMEM(sblock(opt.tiles_per_step, n_), jnp.float16) for n_ in (h, h, TILE * vh, TILE * vh)]
+                     if once else [],
                      plgpu.Barrier(num_arrivals=1),
                      *((plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles), plgpu.SMEM((h, ROWS), jnp.float32),
                         plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16)) if resident else ()),
@@ -494,7 +510,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if q_scale is not None:
     q_t, extra = q_rows, extra + (jnp.reshape(jnp.asarray(q_scale, jnp.float32), (1,)),)  # a free reshape
   flat = lambda x, n_: x.reshape(b, kh, *sblock(tiles, n_))  # free reshapes
-  res = f(q_t, lengths if lengths is not None else w_len, magic, kc, vc.reshape(b, kh, tiles * h, wpr), flat(ks, h),
+  res = f(q_t, lengths if lengths is not None else w_len, magic, kc, vc.reshape(b, kh, tiles * h, vwpr), flat(ks, h),
           flat(kz, h),
-          flat(vs, TILE), flat(vz, TILE), *extra)
+          flat(vs, TILE * vh), flat(vz, TILE * vh), *extra)
   return res if merged is None else res[-1]

@@ -11,6 +11,7 @@ from pallas_kernels.gpu.mosaic_kivi_ref import TILE
 from pallas_kernels.gpu.mosaic_options import VARIANTS, Options
 
 ROWS = 16  # query rows (N of WGMMA), padded
+HEAD_DIMS = (128, 256)  # 256 (Gemma 2): G=128 only (G=32's scale fragments, `mosaic_groups`, are 128 channels)
 
 
 def options(variant) -> Options:
@@ -26,27 +27,31 @@ def check(q_t, q_rows, lengths, kc, ks, kz, vc, vs, vz, *, opt: Options, variant
           merge_by: str, softcap=None, sliding=None):
   """Raises ValueError naming the argument for what `kivi2_states` cannot take; returns (b, kh, h, s,
   bits, group, n_states). lengths: [B], or None with a window. q_t: the transposed query's shape
-  [B, K, 128, 16]; q_rows: the caller's rows
-  when the kernel scales them (q_scale), else None."""
-  if q_rows is not None and (q_rows.ndim != 4 or q_rows.shape[3] != 128 or not 1 <= q_rows.shape[2] <= ROWS):
-    raise ValueError(f"with q_scale, q_t must be the query rows [B, K, rows <= {ROWS}, 128], got {q_rows.shape}")
-  if len(q_t.shape) != 4 or q_t.shape[2:] != (128, ROWS):
-    raise ValueError(f"q_t must be [B, K, 128, {ROWS}], got {q_t.shape}")
+  [B, K, H, 16] (H in HEAD_DIMS); q_rows: the caller's rows when the kernel scales them (q_scale), else None."""
+  if q_rows is not None and (q_rows.ndim != 4 or q_rows.shape[3] not in HEAD_DIMS or not 1 <= q_rows.shape[2] <= ROWS):
+    raise ValueError(f"with q_scale, q_t must be the query rows [B, K, rows <= {ROWS}, H in {HEAD_DIMS}], got "
+                     f"{q_rows.shape}")
+  if len(q_t.shape) != 4 or q_t.shape[2] not in HEAD_DIMS or q_t.shape[3] != ROWS:
+    raise ValueError(f"q_t must be [B, K, H in {HEAD_DIMS}, {ROWS}], got {q_t.shape}")
   b, kh, h, _ = q_t.shape
   s = kc.shape[2] if kc.ndim >= 3 else 0
-  bits = 4 if kc.ndim == 4 and kc.shape[3] == 32 else 2  # 4-bit: two [rows, 16] word tiles a row
+  bits = 4 if kc.ndim == 4 and kc.shape[3] == h // 4 else 2  # 4-bit: 4 words a 16 channels
   whole = num_splits if not opt.balance else 1  # balanced splits share the live steps: any count
   if num_splits < 1 or s % (TILE * whole * opt.tiles_per_step):
     raise ValueError(f"the capacity {s} must be a multiple of {TILE} x tiles_per_step ({opt.tiles_per_step})"
                      + ("" if opt.balance else f" x num_splits ({num_splits})") + ", num_splits >= 1")
   group = groups.GROUP if ks.ndim == 4 and ks.shape[2] == s // groups.GROUP else TILE
+  if group != TILE and h != 128:
+    raise ValueError(f"G={group} (ks {ks.shape}) needs head_dim 128, got {h}")
+  if h != 128 and not (opt.dequant_in_a and opt.scales_once):
+    raise ValueError(f"head_dim {h} needs a dequant_in_a variant with scales_once, got {variant!r}")
   if group != TILE and not opt.dequant_in_a:
     raise ValueError(f"G={group} (ks {ks.shape}) needs a dequant_in_a variant, got {variant!r}")
   if bits == 4 and not (opt.dequant_in_a and opt.unpack in ("mask", "denorm")):
     raise ValueError(f"4-bit codes (kc {kc.shape}) need a dequant_in_a variant with unpack 'mask' or 'denorm', "
                      f"got {variant!r}")
-  per_token = (b, kh, s) + ((h // group,) if group != TILE else ())
-  expect = {"kc": (b, kh, s, 8 * bits), "ks": (b, kh, s // group, h), "kz": (b, kh, s // group, h),
+  per_token = (b, kh, s) + ((h // group,) if group != TILE or h != TILE else ())  # h = 256: 2 groups a token
+  expect = {"kc": (b, kh, s, h * bits // 16), "ks": (b, kh, s // group, h), "kz": (b, kh, s // group, h),
             "vc": (b, kh, s // TILE, h, 8 * bits), "vs": per_token, "vz": per_token}
   for name, arr in zip(expect, (kc, ks, kz, vc, vs, vz)):
     if arr.shape != expect[name]:
@@ -57,9 +62,9 @@ def check(q_t, q_rows, lengths, kc, ks, kz, vc, vs, vz, *, opt: Options, variant
     raise ValueError(f"lengths must be [{b}] int32 (or None with a window), got "
                      f"{getattr(lengths, 'shape', lengths)}")
   n_states = num_splits + (window is not None)
-  if merged is not None and not (1 <= merged[0] <= ROWS and epilogue.cluster_merge_ok(n_states)):
-    raise ValueError(f"merged: rows must be in [1, {ROWS}] and the states 2..{epilogue.CLUSTER_MAX}, "
-                     f"got rows {merged[0]}, {n_states} states")
+  if merged is not None and not (1 <= merged[0] <= ROWS and epilogue.cluster_merge_ok(n_states) and h == 128):
+    raise ValueError(f"merged: rows must be in [1, {ROWS}], the states 2..{epilogue.CLUSTER_MAX} and head_dim 128, "
+                     f"got rows {merged[0]}, {n_states} states, head_dim {h}")
   if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0 and opt.dequant_in_a):
     raise ValueError(f"softcap must be a positive number (with a dequant_in_a variant) or None, got {softcap!r} "
                      f"with {variant!r}")

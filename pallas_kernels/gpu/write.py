@@ -220,6 +220,9 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   """
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
+  if cache.k.layout == "words" and cache.head_dim != quant.WORDS_TILE:
+    raise NotImplementedError(f"pallas_gpu append: 'words' codes of head_dim {cache.head_dim} (the writer stores "
+                              f"{quant.WORDS_TILE}-channel rows; XLA's scatters take any)")
   if cache.k.layout == "words" and not interpret and cache.fmt.key.bits not in NATIVE_WORDS_BITS:
     raise NotImplementedError(f"pallas_gpu append: 'words' codes of {cache.fmt.key.bits} bits natively "
                               f"(NATIVE_WORDS_BITS: {NATIVE_WORDS_BITS}; interpreted, any)")
