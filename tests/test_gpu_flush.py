@@ -21,7 +21,10 @@ KIVI_FLUSH_FORMATS = {"kivi2": formats.preset("kivi2"), "kivi4": formats.preset(
                       "kivi2_g128+words": formats.preset("kivi2_g128"),
                       "kivi2_g128_sink3+words": formats.kivi(2, 128, 128, sink=3),
                       "kivi2_g128_r256+words": formats.kivi(2, 128, 256),
-                      "kivi4+words": formats.preset("kivi4"), "kivi4_g128+words": formats.kivi(4, 128, 128)}
+                      "kivi4+words": formats.preset("kivi4"), "kivi4_g128+words": formats.kivi(4, 128, 128),
+                      # head_dim 256 (Gemma 2; session 28): 16 key slabs a row, value tiles of 256 channel rows
+                      "kivi2_g128+words+h256": formats.preset("kivi2_g128"),
+                      "kivi4_g128+words+h256": formats.kivi(4, 128, 128)}
 
 
 def _skip_native_words(fmt, words):
@@ -40,19 +43,20 @@ def test_pallas_kivi_key_flush_equals_xla(fmt_name):
   """The in-kernel KIVI key flush (`flush.py`) == `cache.flush_rows` + XLA scatters, bit for bit:
   T = 1 and T = 3 (ragged num_new) across block ends 127 -> 128 and 255 -> 256, a block completed
   by a middle token of T = 3, a sink block, and capacity drops at S = 384 (under jit)."""
-  fmt, words = KIVI_FLUSH_FORMATS[fmt_name], fmt_name.endswith("+words")
+  fmt, words = KIVI_FLUSH_FORMATS[fmt_name], "+words" in fmt_name
+  h = 256 if fmt_name.endswith("+h256") else 128
   _skip_native_words(fmt, words)
-  c = cache_lib.init_cache(fmt, 6, 2, 384 + 128 * (fmt.residual > 128), 128, kivi_layout="words" if words else "")
+  c = cache_lib.init_cache(fmt, 6, 2, 384 + 128 * (fmt.residual > 128), h, kivi_layout="words" if words else "")
   c = _stale_words(c) if words else c
   s_cap = c.capacity
-  x = jax.random.normal(jax.random.PRNGKey(0), (6, 2, s_cap, 128)) * jnp.linspace(0.1, 4, 128)
+  x = jax.random.normal(jax.random.PRNGKey(0), (6, 2, s_cap, h)) * jnp.linspace(0.1, 4, h)
   c = cache_lib.append(c, x, -x, jnp.asarray([0, 127, 126, 255, 254, s_cap - 1]))
   ref = lambda c_, k_, n_: cache_lib.append(c_, k_, k_ * 0.25, n_)
   pal = lambda c_, k_, n_: write.append(c_, k_, k_ * 0.25, n_, interpret=INTERPRET, flush_in_kernel=True)
   want = got = c
   steps = [(1, None), (3, [3, 2, 3, 1, 3, 2]), (1, [1, 0, 1, 1, 1, 1]), (3, [0, 3, 1, 3, 2, 3])]
   for i, (t, n) in enumerate(steps):
-    k = jax.random.normal(jax.random.PRNGKey(10 + i), (6, 2, t, 128)) * (1 + 3 * (i % 2))
+    k = jax.random.normal(jax.random.PRNGKey(10 + i), (6, 2, t, h)) * (1 + 3 * (i % 2))
     n = None if n is None else jnp.asarray(n)
     jit = i >= 1  # past capacity: an error eagerly, dropped under jit
     want = (jax.jit(ref) if jit else ref)(want, k, n)
@@ -65,16 +69,17 @@ def test_pallas_kivi_key_flush_equals_xla(fmt_name):
   np.testing.assert_array_equal(changed, flushed)
 
 
-@pytest.mark.parametrize("fmt", [formats.preset("kivi2_g128"), formats.kivi(4, 128, 128)], ids=["kivi2", "kivi4"])
-def test_pallas_append_words_planes_share_words(fmt, monkeypatch):
+@pytest.mark.parametrize("fmt,h", [(formats.preset("kivi2_g128"), 128), (formats.kivi(4, 128, 128), 128),
+                                   (formats.preset("kivi2_g128"), 256)], ids=["kivi2", "kivi4", "kivi2_h256"])
+def test_pallas_append_words_planes_share_words(fmt, h, monkeypatch):
   """T = 20 tokens in one "words" append: tokens 16 apart share value words (other bit planes), so each store
   keeps the others' bits; == XLA scatters, bit for bit (the kernel: natively `write_rows` refuses T > 16 at 4 bits)."""
   _skip_native_words(fmt, True)
   monkeypatch.setattr(write, "NATIVE_WORDS4_MAX_TOKENS", 64)
-  c = _stale_words(cache_lib.init_cache(fmt, 2, 1, 256, 128, kivi_layout="words"))
-  x = jax.random.normal(jax.random.PRNGKey(0), (2, 1, 128, 128))
+  c = _stale_words(cache_lib.init_cache(fmt, 2, 1, 256, h, kivi_layout="words"))
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 1, 128, h))
   c = cache_lib.append(c, x, x, jnp.asarray([3, 110]))  # the second crosses a tile (and key block) end
-  y = jax.random.normal(jax.random.PRNGKey(1), (2, 1, 20, 128))
+  y = jax.random.normal(jax.random.PRNGKey(1), (2, 1, 20, h))
   rows = lambda c_, w: write.write_rows(c_, w, interpret=INTERPRET)
   test_base.assert_same_bits(cache_lib.append(c, y, -y, jnp.asarray([20, 19])),
                     cache_lib.append(c, y, -y, jnp.asarray([20, 19]), write_rows=rows))

@@ -182,12 +182,12 @@ def flush_keys(b, h, ends_ref, count_ref, new_ref, codes_ref, scale_ref, zero_re
       return s.astype(f32), mn.astype(f32)
 
     code_of = lambda x, sf, zf: jnp.clip(div_round(x - zf, sf), 0, qmax).astype(jnp.int32)
-    if words:  # per group: 8 slabs of 16 channels; slab m at bits `bits` (m % n) of word tile m // n of the
-      # group's [G, 8 bits] words (n = 16 / bits codes a word)
-      width, n = hd // 8, 16 // bits
+    if words:  # per group: H / 16 slabs of 16 channels; slab m at bits `bits` (m % n) of word tile m // n of the
+      # group's [G, H bits / 16] words (n = 16 / bits codes a word)
+      width, n, slabs = 16, 16 // bits, hd // 16
       for g in range(r_len // g_len):
-        packed = [None] * (8 // n)
-        for m in range(8):
+        packed = [None] * (slabs // n)
+        for m in range(slabs):
           x, _ = block_rows(g * g_len, g_len, m * width, width)
           sf, zf = group_stats(x, blk * (r_len // g_len) + g, pl.ds(m * width, width))
           code = code_of(x, sf, zf) << (bits * (m % n))

@@ -1,9 +1,10 @@
 """KIVI decode states on Mosaic GPU (Pallas `plgpu`), dequantized codes as WGMMA's register A operand:
-KIVI-2 G=128, and since session 22 G=32 (`mosaic_groups`) and 4-bit codes (KIVI-4). `mosaic_decode` runs
-it over a cache in the "words" layout (`QArray.layout`, the GPU default for KIVI-2 G = 128 or 32, R = H =
-128), which `ops.decode_attention` dispatches there. H200, B=8 32k, Llama-3-8B heads, KIVI-2 G=128:
-105.3 us alone (session 17; torch SDPA bf16 ~245 us a call; history in benchmarks/NOTES_gpu.md). The
-planes are unpacked by `mosaic_planes`.
+KIVI-2 G=128, since session 22 G=32 (`mosaic_groups`) and 4-bit codes (KIVI-4), since session 28 head_dim
+256 at G=128 (Gemma 2: 16 key k-slabs, one [128, N] value accumulator per 128 channels). `mosaic_decode` runs
+it over a cache in the "words" layout (`QArray.layout`; the GPU default where this kernel reads it), which
+`ops.decode_attention` dispatches there. H200, B=8 32k, Llama-3-8B heads, KIVI-2 G=128: 105.3 us alone
+(session 17; torch SDPA bf16 ~245 us a call; history in benchmarks/NOTES_gpu.md). The planes are unpacked
+by `mosaic_planes`.
 
 Why: Triton's kernels reach the tensor cores only through shared-memory round trips of each dequantized
 tile (benchmarks/NOTES_gpu.md). Here one warpgroup per (sequence, KV head, split) computes the transposed
@@ -17,18 +18,8 @@ plane m of a word tile (bits 2m, 2m + 1) is one [rows, 16] k-slab of WGMMA; ``(w
 is the fp16 1024 + code (exact), minus 1024 (exact), plus the zero over the scale (one fp16 rounding).
 The only cross-warp reduction per tile is the softmax max. `Options` holds the other ways (the 1024
 offset or the zeros as per-column sums, lazy per-thread sums, shift-free unpacking) that session 11
-timed. N = 16 query rows (padded; the B operand's SMEM tiling needs 16).
-
-Layouts (`pack_keys`, `pack_values`):
-  * keys  [B, K, S, 16] uint16: token rows; word j holds channels j + 16 m (m = 0..7) at bits 2m;
-  * values [B, K, S / 128, H, 16] uint16: per 128-token tile, channel rows; word j holds the tile's
-    tokens j + 16 m at bits 2m (the tile transposed, as the FP8 / INT8 tiled value layout);
-  * key scale / zero [B, K, S / 128, H] per channel and 128-token group; value scale / zero [B, K, S]
-    per token (G = H = 128); at G=32 [B, K, S / 32, H] and [B, K, S, H / 32];
-  * 4-bit codes: 32 words a row, two [rows, 16] word tiles; word 16 t + j holds elements 64 t + j + 16 m
-    (m = 0..3) at bits 4m (`kvjax.packing.pack_words(bits=4)`), so k-slab 4 t + m is plane m of tile t.
-`reference_states` (in `mosaic_kivi_ref`, with the packing) is the jnp reference (same split states as
-`decode.combine` takes, transposed).
+timed. N = 16 query rows (padded; the B operand's SMEM tiling needs 16). The layouts (`pack_keys`,
+`pack_values`) and the jnp reference (`reference_states`) are in `mosaic_kivi_ref`.
 """
 
 from __future__ import annotations
@@ -62,11 +53,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   """Per-split flash-decoding states of KIVI-2 / KIVI-4 (G=128 or 32) attention.
 
   q_t [B, K, H, 16] f32 (queries transposed, scaled by softmax scale x log2 e, rows padded to 16);
-  lengths [B] int32; kc [B, K, S, W] uint16 (W: 16 words a row of 2-bit codes, 32 of 4-bit), ks / kz
-  [B, K, S/G, H]; vc [B, K, S/128, H, W]; vs / vz [B, K, S] (G=128) or [B, K, S, H/G] (G=32); scales and
-  zeros fp16 or bf16. G and the code width are read from the shapes (G=32 and 4-bit need a `dequant_in_a`
-  variant). Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16]) in f32, m and l in the log2 domain;
-  tokens >= lengths[b] are masked.
+  lengths [B] int32; kc [B, K, S, H bits / 16] uint16, ks / kz [B, K, S/G, H]; vc [B, K, S/128, H, 8 bits];
+  vs / vz [B, K, S] (G = H = 128) or [B, K, S, H/G]; scales and zeros fp16 or bf16 (layouts: `mosaic_kivi_ref`).
+  H, G and the code width are read from the shapes (G=32, 4-bit and H=256 need a `dequant_in_a` variant).
+  Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16]) in f32, m and l in the log2 domain; tokens >=
+  lengths[b] are masked.
 
   variant: a name in VARIANTS or an `Options`. profile_dir / profile_space: Mosaic GPU's in-kernel
   profiler (a trace per call under profile_dir; regions kprep, kmma, softmax, vprep, vmma).
@@ -75,8 +66,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   (b, k, NS) scores the window's 128 ring slots (`window_merge`'s slot rule) against the T query tokens
   of the rows, causally, while the others walk the quantized tiles; `lengths` is then max(L - 128, 0), or
   None: computed so in the kernel from the window's (no XLA op before the call).
-  Needs a `dequant_in_a` variant. (Session 15, H200: folding the window into split 0's starting state
-  instead was slower at every point timed, `decode_parts/decode_s15d_kivi.json`.)
+  Needs a `dequant_in_a` variant.
   merged: None, or (rows, dtype): the states (NS, or NS + 1 with the window; 2 to
   `mosaic_epilogue.CLUSTER_MAX`) merged inside the kernel as merge_by says (`mosaic_epilogue.MERGES`:
   "count", the last program of a (b, k) to count itself merges; "cluster", the programs of a (b, k) one
@@ -98,9 +88,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                                                     kz, vc, vs, vz, opt=opt, variant=variant, num_splits=num_splits,
                                                     window=window, merged=merged, merge_by=merge_by,
                                                     softcap=softcap, sliding=sliding)
-  # words a row: keys' h channels, values' 128 tokens (h = 256: twice the keys' word tiles and k-slabs, and
-  # values' A operands and accumulator [256, ..] rows, M = 256); planes a word
-  kwpr, vwpr, per_word = h * bits // 16, 8 * bits, 16 // bits
+  kwpr, vwpr, per_word = h * bits // 16, 8 * bits, 16 // bits  # words a row (keys' h channels, values' 128 tokens)
   vh = h // TILE  # value halves: 128-channel value accumulators; h = 256: value scales [S, 2] a token
   grouped = group != TILE
   if window is not None:
@@ -255,16 +243,14 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     return step
 
   def window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, fetch_query, q16_smem, bar, magic):
-    """The residual window's state (o [H, N], m, l [N]): ring slot i < L % 128 holds token Lq + i (key
-    `k_res[i]`), slot i >= L % 128 token Lq - 128 + i (key row i of the quantized tile Lq / 128 - 1;
+    """The residual window's state (o: [128, N] per 128 channels, m, l [N]): ring slot i < L % 128 holds
+    token Lq + i (key `k_res[i]`), slot i >= L % 128 token Lq - 128 + i (key row i of the quantized tile Lq / 128 - 1;
     present iff Lq >= 128), value `v_res[i]` either way (`window_merge`'s rule). Both key sources are
     scored for every slot and the slot's own picked: the quantized tile as the main loop's register A
     (codes, scales and zeros loaded from global memory right where each plane is built), the ring from
     shared memory (in parts of 64 channels) against the query split into two 16-bit terms (q = hi +
     lo: the ring's dtype, near-f32 logits). The values, the transposed A of the second product, pass
-    through shared memory in two halves of 64 slots; the scopes reuse the quantized tiles' buffers.
-    (Session 15 loaded the ring into the A registers. The kernel's 141 registers with the window were
-    not the ring's but `body`'s two `pl.when`s: see the `lax.cond` there.)"""
+    through shared memory in two halves of 64 slots; the scopes reuse the quantized tiles' buffers."""
     length = lw_g[bi]
     rem = length % TILE
     lq = length - rem

@@ -1,5 +1,17 @@
 """The Mosaic GPU KIVI-2 kernel's code layouts (`pack_keys`, `pack_values`: the cache's "words" layout) and
-its jnp reference (`reference_states`), beside `mosaic_kivi.kivi2_states` (which re-exports them)."""
+its jnp reference (`reference_states`), beside `mosaic_kivi.kivi2_states` (which re-exports them).
+
+Layouts (H = 128 or 256 channels):
+  * keys  [B, K, S, H / 8] uint16: token rows; word 16 t + j holds channels 128 t + j + 16 m (m = 0..7) at
+    bits 2m, so k-slab i (channels 16 i ..) is plane i % 8 of word tile i // 8;
+  * values [B, K, S / 128, H, 16] uint16: per 128-token tile, channel rows; word j holds the tile's
+    tokens j + 16 m at bits 2m (the tile transposed, as the FP8 / INT8 tiled value layout);
+  * key scale / zero [B, K, S / 128, H] per channel and 128-token group; value scale / zero [B, K, S]
+    per token (G = H = 128), [B, K, S, 2] at H = 256 (per token and 128 channels); at G=32 (H = 128)
+    [B, K, S / 32, H] and [B, K, S, H / 32];
+  * 4-bit codes: H / 4 words a key row, 32 a value row; word 16 t + j holds elements 64 t + j + 16 m
+    (m = 0..3) at bits 4m (`kvjax.packing.pack_words(bits=4)`), so k-slab 4 t + m is plane m of tile t.
+"""
 
 from __future__ import annotations
 
@@ -17,14 +29,14 @@ NEG = -1e30
 
 
 def pack_keys(codes, bits: int = 2):
-  """Key codes [B, K, S, H=128] (0..2^bits - 1) -> [B, K, S, 16] uint16 (word j: channels j + 16 m; 4-bit:
-  [B, K, S, 32], word 16 t + j: channels 64 t + j + 16 m): `kvjax.packing.pack_words`, the cache's "words"
-  key layout."""
+  """Key codes [B, K, S, H] (0..2^bits - 1) -> [B, K, S, H bits / 16] uint16 (2-bit: word 16 t + j holds
+  channels 128 t + j + 16 m; 4-bit: 64 t + j + 16 m): `kvjax.packing.pack_words`, the cache's "words" key
+  layout."""
   return packing.pack_words(codes, bits)
 
 
 def unpack_keys(words, bits: int = 2):
-  """Inverse of `pack_keys`: [..., 128 bits / 16] uint16 -> codes [..., 128] uint8."""
+  """Inverse of `pack_keys`: [..., H bits / 16] uint16 -> codes [..., H] uint8."""
   return packing.unpack_words(words, bits)
 
 

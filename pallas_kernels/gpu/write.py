@@ -57,6 +57,12 @@ def _flat(w: RowWrite, leaf) -> tuple[tuple[int, int, int, int], jax.Array]:
   return (view[0], view[1], view[2], x), w.new.reshape(b, k, n, -1 if w.planes else x)
 
 
+def _words_rows(codes, bits: int):
+  """A "words" value leaf [B, K, S, H bits / 16] as its channel rows of 128-token tiles [B, K, S H / 128, 8 bits]
+  (row H (p // 128) + h: channel h of token p's tile; a free reshape)."""
+  return codes.reshape(codes.shape[0], codes.shape[1], -1, 8 * bits)
+
+
 _FLUSH_LEAVES = ("k.codes", "k.scale", "k.zero", "k_res")
 # The in-kernel KIVI key flush is bit-identical to the XLA path in interpret mode for every KIVI
 # format (tests). On the H200 the same test passed for kivi2 and kivi4 (session 6,
@@ -155,19 +161,19 @@ def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
       else:
         out[b, h, pl.ds(r, 1), :] = val.astype(out.dtype)
 
-  def store_planes(out, p, code, shared, bits):  # out [B, K, S, 8 bits] "words" values; code [128, 1]:
-    # token p's. Token e = p % 128 of its tile sits in word 16 (e // (16 n)) + e % 16 of each channel row, at
-    # bits `bits` ((e // 16) % n) (n = 16 / bits codes a word: `kvjax.packing.pack_words`)
-    w, n = quant.WORDS_TILE, 16 // bits
+  def store_planes(out, p, code, shared, bits):  # out [B, K, S H / 128, 8 bits] "words" values (`_words_rows`);
+    # code [H, 1]: token p's. Token e = p % 128 of its tile sits in word 16 (e // (16 n)) + e % 16 of each
+    # channel row, at bits `bits` ((e // 16) % n) (n = 16 / bits codes a word: `kvjax.packing.pack_words`)
+    w, n, hd = quant.WORDS_TILE, 16 // bits, code.shape[0]
 
-    @pl.when((p >= 0) & (p < out.shape[2]))
+    @pl.when((p >= 0) & (p < out.shape[2] * w // hd))
     def _store():
       e = p % w
       if 16 * n == w:  # 2-bit: one word tile (the fewer ops keep the kernel's IR as it was)
         word, shift = e % 16, bits * (e // 16)
       else:
         word, shift = 16 * (e // (16 * n)) + e % 16, bits * ((e // 16) % n)
-      rows_, col = pl.ds(p // w * w, w), pl.ds(word, 1)  # channel h of tile p // w: row w (p // w) + h
+      rows_, col = pl.ds(p // w * hd, hd), pl.ds(word, 1)  # channel h of tile p // w: row H (p // w) + h
       old = out[b, h, rows_, col].astype(jnp.int32)
       val = (old & ~(((1 << bits) - 1) << shift)) | (code.astype(jnp.int32) << shift)
       out[b, h, rows_, col] = val.astype(out.dtype)
@@ -220,9 +226,6 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   """
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
-  if cache.k.layout == "words" and cache.head_dim != quant.WORDS_TILE:
-    raise NotImplementedError(f"pallas_gpu append: 'words' codes of head_dim {cache.head_dim} (the writer stores "
-                              f"{quant.WORDS_TILE}-channel rows; XLA's scatters take any)")
   if cache.k.layout == "words" and not interpret and cache.fmt.key.bits not in NATIVE_WORDS_BITS:
     raise NotImplementedError(f"pallas_gpu append: 'words' codes of {cache.fmt.key.bits} bits natively "
                               f"(NATIVE_WORDS_BITS: {NATIVE_WORDS_BITS}; interpreted, any)")
@@ -259,8 +262,8 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   planes = tuple(w.planes for w in writes)
   rows = tuple(x.shape[2] for x in news)
   # Tiled leaves (`RowWrite.tile`): [B, K, S'/T, X, T] with the new rows as columns [B, K, X, n].
-  dsts = [a.reshape(v[:2] + (v[2] // t, v[3], t)) if t else a.reshape(v)
-          for a, v, t in zip(leaves, views, tiles)]
+  dsts = [a.reshape(v[:2] + (v[2] // t, v[3], t)) if t else _words_rows(a, p) if p else a.reshape(v)
+          for a, v, t, p in zip(leaves, views, tiles, planes)]
   news = [jnp.swapaxes(x, 2, 3) if t or p else x for x, t, p in zip(news, tiles, planes)]
   pos = [jnp.asarray(w.pos, jnp.int32) for w in writes]
   n = len(writes)
@@ -273,7 +276,8 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
     bq, kq, sq, hq = qa.codes.shape
     names += [f"{w.role}.{o}" for o in outs]
     leaves += [getattr(qa, o) for o in outs]
-    dsts += [qa.codes.reshape(bq, kq, sq // qa.tile, hq, qa.tile) if qa.tile else qa.codes]
+    dsts += [qa.codes.reshape(bq, kq, sq // qa.tile, hq, qa.tile) if qa.tile else
+             _words_rows(qa.codes, qa.spec.bits) if qa.layout == "words" else qa.codes]
     dsts += [getattr(qa, o).reshape(bq, kq, sq, -1) for o in outs[1:]]  # per-token scale[, zero] [.., 1 or H / G]
   flush_in = []
   words = cache.k.layout == "words"
