@@ -63,13 +63,15 @@ INTERPRET = jax.default_backend() != "gpu"  # natively on a GPU (benchmarks/runs
     ("kivi2_g128", (509, 260), 1, 1, "kernel", dict(logit_softcap=20.0, sliding_window=150)),  # Gemma 2's options
     (formats.kivi(4, 128, 128), (509, 130), 0, 1, "kernel", {}),  # 4-bit codes: 4 key word tiles a row
     ("kivi2_g128", (300, 129), 2, 1, "ops", {}),            # through ops, its default window
+    ("kivi2", (385, 200, 0), 3, 1, "kernel", {}),           # G=32: keys' [4, 256] scale windows, values' 8 groups
+    ("kivi4", (509, 130), 1, 2, "kernel", dict(logit_softcap=20.0, sliding_window=150)),  # 4-bit G=32, Gemma's options
 ])
 def test_head_dim_256(fmt, lengths, appends, t, window, extra):  # noqa: PLR0913
-  """Gemma 2's head_dim 256 (G=128): 16 key k-slabs a tile, two 128-channel value accumulators, value scales per
-  token and half (made half-major once a tile, `mosaic_groups.split_halves`), the window's ring in 4 parts: ==
-  the library reference on a "words" cache (the GPU default at head_dim 256 for G=128)."""
+  """Gemma 2's head_dim 256: 16 key k-slabs a tile, two 128-channel value accumulators, G=128 value scales per
+  token and half (made half-major once a tile, `mosaic_groups.split_halves`), G=32 scales regrouped per half
+  (`mosaic_groups.regroup` windows), the window's ring in 4 parts: == the library reference on a "words" cache."""
   c = _cache(lengths, appends=appends, layout="words", fmt=fmt, head_dim=256)
-  assert c.v.scale.shape[-1] == 2 and md.supports(c) is None
+  assert c.v.scale.shape[-1] == 256 // c.fmt.value.group_size and md.supports(c) is None
   q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, t, 256)), jnp.bfloat16)
   if window == "ops":
     out = ops.decode_attention(q, c, num_splits=2, interpret=INTERPRET)
@@ -87,9 +89,8 @@ def test_head_dim_256(fmt, lengths, appends, t, window, extra):  # noqa: PLR0913
 
 
 def test_head_dim_256_refusals():
-  """G=32 at head_dim 256 stays planar on the GPU (Triton); the window 'pallas' and in-kernel merge take 128."""
-  assert md.supports(_cache((10,), fmt="kivi2", layout="words", head_dim=256)).startswith("head_dim must be in")
-  assert kvcache.default_kivi_layout(formats.preset("kivi2"), 512, 256, backend="gpu") == ""
+  """Head_dim 192 is refused; the window 'pallas' takes 128 channels."""
+  assert md.supports(_cache((10,), fmt=formats.kivi(2, 32, 128), head_dim=192)).startswith("head_dim must be in")
   assert kvcache.default_kivi_layout(formats.preset("kivi2_g128"), 512, 256, backend="gpu") == "words"
   c = _cache((10,), layout="words", head_dim=256)
   with pytest.raises(ValueError, match="head_dim 256 cache takes 'kernel' or 'xla'"):

@@ -50,7 +50,7 @@ def test_packed_position_permutes_each_16_columns():
     assert list(pos[[2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9]]) == list(range(4 * q, 4 * q + 4))
 
 
-@pytest.mark.parametrize("layout", mg.LAYOUTS)
+@pytest.mark.parametrize("layout", ["rows", "tokens", "packed"])
 @pytest.mark.parametrize("m", [0, 3, 7])
 def test_fragment_picks_group_and_column(layout, m):
   rows = _rows()
@@ -78,18 +78,50 @@ def test_regroup_then_fragment_is_the_scaled_source(layout, seed, with_factors):
 
 def test_bad_inputs_are_refused():
   ok = _Ref(jnp.zeros((4, 128), jnp.float16))
-  with pytest.raises(ValueError, match=r"ref must hold one tile's scales, \[4, 128\], got \(512,\)"):
+  with pytest.raises(ValueError, match=r"ref must hold one tile's scales, \[4 k, 128 j\] .*got \(512,\) at \(0, 0\)"):
     mg.group_fragment(_Ref(jnp.zeros((512,))), 0, layout="rows", interpret=True)
+  with pytest.raises(ValueError, match=r"got \(4, 256\) at \(0, 256\)"):  # a window past the ref
+    mg.group_fragment(_Ref(jnp.zeros((4, 256))), 0, layout="packed", interpret=True, offset=(0, 256))
+  with pytest.raises(ValueError, match=r"layout 'tokens8' takes a \[8, 128\] ref"):
+    mg.regroup(ok, _Ref(jnp.zeros((8, 128))), layout="tokens8", interpret=True, offset=(4, 0))
+  with pytest.raises(ValueError, match="group_fragment reads 'rows', 'tokens' or 'packed'"):
+    mg.group_fragment(_Ref(jnp.zeros((8, 128))), 0, layout="tokens8", interpret=True)
   with pytest.raises(ValueError, match="layout must be one of"):
     mg.group_fragment(ok, 0, layout="cols", interpret=True)
   with pytest.raises(ValueError, match=r"m \(the k-slab of 16 columns\) must be in \[0, 8\), got 8"):
     mg.group_fragment(ok, 8, layout="rows", interpret=True)
-  with pytest.raises(ValueError, match="regroup's src must be 'rows' or 'tokens', got 'packed'"):
+  with pytest.raises(ValueError, match="regroup's src must be 'rows', 'tokens' or 'tokens8', got 'packed'"):
     mg.regroup(ok, ok, layout="packed", interpret=True)
   with pytest.raises(ValueError, match=r"dst must hold one tile's scales"):
     mg.regroup(ok, _Ref(jnp.zeros((128, 4))), layout="rows", interpret=True)
   with pytest.raises(ValueError, match=r"factors must hold one float per k-slab \(8\), got \(1.0, 2.0\)"):
     mg.regroup(ok, ok, (1.0, 2.0), layout="rows", interpret=True)
+
+
+@pytest.mark.parametrize("half", [0, 1])
+def test_wide_tiles_regroup_and_read_one_window(half):
+  """Head_dim 256 at G=32: a key tile's scales [4 groups, 256 channels] ("rows") and a value tile's [128 tokens,
+  8 groups] ("tokens8", entry 8 x + g) regrouped per 128-channel half into a packed [4, 256] / [8, 128] block,
+  each half's window read back by `group_fragment`; the other half's window is left as it was."""
+  rng = np.random.default_rng(half)
+  factors = tuple(float(2.0 ** e) for e in rng.integers(-4, 10, 8))
+  f = np.repeat(np.asarray(factors, np.float32), 16)[None, :]
+  keys = rng.uniform(0.05, 0.2, (4, 256)).astype(np.float32)  # [group, channel]
+  dst = _Ref(jnp.full((4, 256), 7.0, jnp.float16))
+  mg.regroup(_Ref(keys), dst, factors, layout="rows", interpret=True, offset=(0, 128 * half))
+  want = (keys[:, 128 * half:128 * half + 128] * f).astype(np.float16)
+  np.testing.assert_array_equal(np.asarray(dst.x)[:, 128 * half:128 * half + 128], _in("packed", want))
+  assert (np.asarray(dst.x)[:, 128 * (1 - half):128 * (2 - half)] == 7.0).all()
+  for m in (0, 5):
+    frag = np.asarray(mg.group_fragment(dst, m, layout="packed", interpret=True, offset=(0, 128 * half)))
+    np.testing.assert_array_equal(frag, np.repeat(want[:, 16 * m:16 * m + 16], 32, axis=0))
+  values = rng.uniform(0.05, 0.2, (128, 8)).astype(np.float32)  # [token, group]: groups 4 u .. of half u
+  dst = _Ref(jnp.zeros((8, 128), jnp.float16))
+  mg.regroup(_Ref(values.reshape(8, 128)), dst, factors, layout="tokens8", interpret=True, offset=(4 * half, 0))
+  want = (values[:, 4 * half:4 * half + 4].T * f).astype(np.float16)  # [group, token]
+  for m in (0, 7):
+    frag = np.asarray(mg.group_fragment(dst, m, layout="packed", interpret=True, offset=(4 * half, 0)))
+    np.testing.assert_array_equal(frag, np.repeat(want[:, 16 * m:16 * m + 16], 32, axis=0))
 
 
 @pytest.mark.parametrize("tiles", [1, 2])

@@ -6,6 +6,8 @@ same format through Triton's planar kernel, where every head_dim-256 KIVI cache 
 bf16 in the same run. Writes JSON.
 
     python3 benchmarks/runs/session28_gemma.py OUT.json [B:context,...] [fmt,...]
+
+WINDOWS (env): the sliding windows timed, comma-separated, "none" for the full context (default "none,4096").
 """
 import functools
 import os
@@ -31,6 +33,7 @@ def main():
   points = [tuple(map(int, p.split(":"))) for p in (sys.argv[2] if len(sys.argv) > 2 else "8:32768,1:32768").split(",")]
   fmts = (sys.argv[3] if len(sys.argv) > 3 else "kivi2_g128").split(",")
   reps = int(os.environ.get("REPS", 3))
+  windows = [None if w == "none" else int(w) for w in os.environ.get("WINDOWS", "none,4096").split(",")]
   dk.SHAPE = dk.SHAPES["gemma2_2b"]
   res = {"device": jax.devices()[0].device_kind, "shape": "gemma2_2b", "rows": []}
   key = jax.random.PRNGKey(0)
@@ -39,7 +42,7 @@ def main():
       row["us"], row["bytes_read"] = dk.torch_row(b, ctx, reps)
     measured(res, out, dict(impl="torch_sdpa", format="bf16", batch=b, context=ctx), torch)
     for fmt in fmts:
-      for win in (None, 4096):
+      for win in windows:
         for layout, lopts in LAYOUTS.items():
           def measure(row, fmt=fmt, win=win, lopts=lopts):
             dk.WINDOW = win

@@ -190,8 +190,8 @@ def supports(cache) -> str | None:
   if k.group_size != v.group_size or k.group_size not in GROUPS or fmt.residual != mk.TILE:
     return (f"group sizes must be equal and in {GROUPS}, the residual {mk.TILE}, got {k.group_size}, {v.group_size}, "
             f"{fmt.residual}")
-  if cache.head_dim not in mk.HEAD_DIMS or (cache.head_dim != 128 and k.group_size != mk.TILE):
-    return f"head_dim must be in {mk.HEAD_DIMS} (256: G=128 only), got {cache.head_dim} at G={k.group_size}"
+  if cache.head_dim not in mk.HEAD_DIMS:
+    return f"head_dim must be in {mk.HEAD_DIMS}, got {cache.head_dim}"
   if fmt.sink:
     return "sink tokens are not supported"
   if cache.num_layers is not None:

@@ -32,7 +32,7 @@ __all__ = ["GROUP", "GROUPS", "LAYOUTS", "group_fragment", "regroup", "packed_po
 
 GROUP = 32            # rows (tokens of a key tile, channels of a value tile) per scale group
 GROUPS = 4            # groups per 128-row tile
-LAYOUTS = ("rows", "tokens", "packed")
+LAYOUTS = ("rows", "tokens", "packed", "tokens8")
 _ROWS, _COLS = 128, 16  # one A slab
 _REGS = (2, 2, 1, 1, 2, 1, 1, 1, 1)  # WGMMA_LAYOUT's register array for [128, 16]: (M-block, 8-col block, .., 8-row half, ..)
 
@@ -64,26 +64,40 @@ def _packed(rows):
   return rows.reshape(_SPLIT).transpose(_SWAP).reshape(GROUPS, 128)
 
 
-def _check(ref, layout: str, name: str = "ref"):
-  if ref.shape != (GROUPS, 128):
-    raise ValueError(f"{name} must hold one tile's scales, [{GROUPS}, 128], got {ref.shape}")
+def _check(ref, layout: str, name: str = "ref", offset=(0, 0)):
+  """ref holds one tile's scales [4, 128], or (head_dim 256) a wider block whose [4, 128] window at `offset`
+  (rows, columns) is the one used: [4, 256] (a key tile's two 128-channel halves) or [8, 128] (a value tile's
+  8 groups of a token, 4 a half)."""
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+  if layout == "tokens" and tuple(ref.shape) != (GROUPS, 128):
+    raise ValueError(f"layout 'tokens' takes a [{GROUPS}, 128] ref (4 groups a token), got {ref.shape}")
+  if layout == "tokens8" and tuple(ref.shape) != (2 * GROUPS, 128):
+    raise ValueError(f"layout 'tokens8' takes a [{2 * GROUPS}, 128] ref (8 groups a token), got {ref.shape}")
+  r0, c0 = offset
+  if (len(ref.shape) != 2 or ref.shape[0] % GROUPS or ref.shape[1] % 128 or r0 % GROUPS or c0 % 128
+          or not (0 <= r0 < ref.shape[0] and 0 <= c0 < ref.shape[1])):
+    raise ValueError(f"{name} must hold one tile's scales, [{GROUPS} k, 128 j] with a window at offset (4 i, 128 i') "
+                     f"inside, got {ref.shape} at {offset}")
 
 
-def group_fragment(ref, m: int, *, layout: str, interpret: bool):
+def group_fragment(ref, m: int, *, layout: str, interpret: bool, offset=(0, 0)):
   """[128, 16] fp16 (WGMMA layout): element (r, c) the tile's entry for group r // 32 and k column 16 m + c
-  of ref ([4, 128] in `layout`; shared or global memory, fp16 / bf16 / f32: converted to fp16)."""
-  _check(ref, layout)
+  of ref ([4, 128] in `layout`, or its [4, 128] window at `offset` ("rows" / "packed"); shared or global
+  memory, fp16 / bf16 / f32: converted to fp16)."""
+  _check(ref, layout, offset=offset)
+  if layout == "tokens8":
+    raise ValueError("group_fragment reads 'rows', 'tokens' or 'packed' (regroup makes 'tokens8' packed)")
   if not 0 <= m < 8:
     raise ValueError(f"m (the k-slab of 16 columns) must be in [0, 8), got {m}")
   if interpret:
-    t = _as_rows(ref[...].astype(jnp.float16), layout)
+    r0, c0 = offset
+    t = _as_rows(ref[...][r0:r0 + GROUPS, c0:c0 + 128].astype(jnp.float16), layout)
     return jnp.repeat(t[:, 16 * m:16 * m + 16], GROUP, axis=0)
-  return _fragment(ref, m, layout)
+  return _fragment(ref, m, layout, offset)
 
 
-def _fragment(ref, m: int, layout: str):
+def _fragment(ref, m: int, layout: str, offset=(0, 0)):
   from jax.experimental.mosaic.gpu import FragmentedArray, fragmented_array as fa, utils  # noqa: PLC0415
   from jaxlib.mlir import ir  # noqa: PLC0415
   from jaxlib.mlir.dialects import arith, memref, vector  # noqa: PLC0415
@@ -103,7 +117,8 @@ def _fragment(ref, m: int, layout: str):
     tid = utils.thread_idx()
     half = arith.andi(arith.shrui(tid, c(6)), c(1))  # warp // 2 within the warpgroup: the M-block's group
     quad = arith.andi(tid, c(3))  # lane % 4: columns 2 quad (+ 1, + 8, + 9)
-    col = arith.addi(c(16 * m), arith.shli(quad, c(1)))
+    r0, c0 = offset  # the [4, 128] window's corner
+    col = arith.addi(c(c0 + 16 * m), arith.shli(quad, c(1)))
 
     def to_f16(v, n=2):  # vector<n x elem> -> vector<n x f16>
       if elem == f16:
@@ -115,10 +130,12 @@ def _fragment(ref, m: int, layout: str):
     def block(j):  # this thread's (cols 0-1, cols 8-9) pairs of M-block j
       g = arith.addi(c(2 * j), half)
       if layout == "packed":  # 4 adjacent entries at 16 m + 4 quad
-        v = to_f16(vector.load(vec(4), src, [ix(g), ix(arith.addi(c(16 * m), arith.shli(quad, c(2))))]), 4)
+        v = to_f16(vector.load(vec(4), src, [ix(arith.addi(g, c(r0))),
+                                             ix(arith.addi(c(c0 + 16 * m), arith.shli(quad, c(2))))]), 4)
         return tuple(vector.extract_strided_slice(vec(2, f16), v, [o], [2], [1]) for o in (0, 2))
       if layout == "rows":  # entries x, x + 1 of group g: adjacent
-        return tuple(to_f16(vector.load(vec(2), src, [ix(g), ix(arith.addi(col, c(8 * cb)))])) for cb in (0, 1))
+        return tuple(to_f16(vector.load(vec(2), src, [ix(arith.addi(g, c(r0))), ix(arith.addi(col, c(8 * cb)))]))
+                     for cb in (0, 1))
       # "tokens": entry 4 x + g at row x // 32, column 4 (x % 32) + g
       at = lambda x: [ix(arith.shrui(x, c(5))), ix(arith.addi(arith.shli(arith.andi(x, c(31)), c(2)), g))]
       return tuple(to_f16(vector.from_elements(vec(2), [memref.load(src, at(arith.addi(col, c(8 * cb + d))))
@@ -132,27 +149,34 @@ def _fragment(ref, m: int, layout: str):
   return build(ref)
 
 
-def regroup(src, dst, factors=None, *, layout: str, interpret: bool):
-  """dst [4, 128] fp16 "packed" = src [4, 128] ("rows" or "tokens"; fp16 / bf16 / f32) x factors[x // 16]
-  (8 floats, one per k-slab, or None): a tile's scales made ready for `group_fragment(layout="packed")`,
-  once per tile. Natively thread t of the warpgroup moves 4 entries (one 8-byte load, 4 2-byte stores):
-  row t // 32, columns 4 (t % 32) .. + 3 ("rows"), or token t's 4 groups ("tokens"). The caller's
-  `plgpu.commit_smem` follows before the fragments read dst."""
-  _check(src, layout, "src")
-  _check(dst, "packed", "dst")
+def regroup(src, dst, factors=None, *, layout: str, interpret: bool, offset=(0, 0)):
+  """dst's [4, 128] window at `offset` fp16 "packed" = src's ("rows": its window at the same offset, "tokens":
+  [4, 128]; "tokens8": a head_dim-256 value tile [8, 128], entry 8 x + g, groups offset[0] .. + 3; fp16 / bf16
+  / f32) x factors[x // 16] (8 floats, one per k-slab, or None): a tile's scales made ready for
+  `group_fragment(layout="packed", offset=offset)`, once per tile. Natively thread t of the warpgroup moves 4
+  entries (one 8-byte load, 4 2-byte stores): row t // 32, columns 4 (t % 32) .. + 3 ("rows"), or token t's 4
+  groups ("tokens", "tokens8"). The caller's `plgpu.commit_smem` follows before the fragments read dst."""
+  _check(src, layout, "src", offset if layout != "tokens" else (0, 0))
+  _check(dst, "packed", "dst", offset)
   if layout == "packed":
-    raise ValueError("regroup's src must be 'rows' or 'tokens', got 'packed'")
+    raise ValueError("regroup's src must be 'rows', 'tokens' or 'tokens8', got 'packed'")
   if factors is not None and len(factors) != 8:
     raise ValueError(f"factors must hold one float per k-slab (8), got {factors!r}")
+  r0, c0 = offset
   if interpret:
-    x = _as_rows(src[...].astype(jnp.float32), layout)
+    x = src[...].astype(jnp.float32)
+    if layout == "tokens8":
+      x = x.reshape(128, 2 * GROUPS).T[r0:r0 + GROUPS]
+    else:
+      x = _as_rows(x[r0:r0 + GROUPS, c0:c0 + 128] if layout == "rows" else x, layout)
     if factors is not None:
       slab = lax.broadcasted_iota(jnp.int32, (1, 128), 1) // 16
       f = jnp.zeros((1, 128), jnp.float32)
       for m, fm in enumerate(factors):
         f = jnp.where(slab == m, jnp.float32(fm), f)
       x = x * f
-    dst[...] = _packed(x).astype(jnp.float16)
+    x = _packed(x).astype(jnp.float16)
+    dst[...] = x if tuple(dst.shape) == (GROUPS, 128) else dst[...].at[r0:r0 + GROUPS, c0:c0 + 128].set(x)
     return
   from jax.experimental.mosaic.gpu import utils  # noqa: PLC0415
   from jaxlib.mlir import ir  # noqa: PLC0415
@@ -167,7 +191,13 @@ def regroup(src, dst, factors=None, *, layout: str, interpret: bool):
     c = lambda v: arith.constant(i32, v)
     ix = lambda v: arith.index_castui(index, v)
     t = arith.andi(utils.thread_idx(), c(127))
-    v = vector.load(vec(elem), src_ref, [ix(arith.shrui(t, c(5))), ix(arith.shli(arith.andi(t, c(31)), c(2)))])
+    if layout == "tokens8":  # token t's groups r0 .. r0 + 3: entries 8 t + r0 ..
+      e0 = arith.addi(arith.shli(t, c(3)), c(r0))
+      at = [ix(arith.shrui(e0, c(7))), ix(arith.andi(e0, c(127)))]
+    else:
+      at = [ix(arith.addi(arith.shrui(t, c(5)), c(r0 if layout == "rows" else 0))),
+            ix(arith.addi(arith.shli(arith.andi(t, c(31)), c(2)), c(c0 if layout == "rows" else 0)))]
+    v = vector.load(vec(elem), src_ref, at)
     v = v if elem == f32 else arith.extf(vec(f32), v)
     if layout == "rows":  # row t // 32, columns x0 .. x0 + 3
       x0 = arith.shli(arith.andi(t, c(31)), c(2))
@@ -186,9 +216,8 @@ def regroup(src, dst, factors=None, *, layout: str, interpret: bool):
       cc = arith.andi(x, c(15))  # packed_position(x)
       pos = arith.addi(arith.subi(x, cc), arith.addi(arith.shli(arith.shrui(arith.andi(cc, c(7)), c(1)), c(2)),
                                                       arith.addi(arith.andi(cc, c(1)), arith.shli(arith.shrui(cc, c(3)), c(1)))))
-      memref.store(vector.extract(v, [], [i]), dst_ref, [ix(g), ix(pos)])
+      memref.store(vector.extract(v, [], [i]), dst_ref, [ix(arith.addi(g, c(r0))), ix(arith.addi(pos, c(c0)))])
   emit(src, dst)
-
 
 
 def split_halves(src, dst, factors=None, *, interpret: bool):

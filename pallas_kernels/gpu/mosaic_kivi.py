@@ -25,6 +25,7 @@ timed. N = 16 query rows (padded; the B operand's SMEM tiling needs 16). The lay
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -94,21 +95,24 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if window is not None:
     w_len, k_res, v_res, w_queries = window
   per = s // TILE // num_splits
-  # a tile's scale entries: G=128 [128] (keys: per channel, values: per token); G=32 [4, 128] (TMA's boxes
-  # take at most 256 a dimension: `mosaic_groups`)
-  sblock = (lambda nt_, n_: (nt_ * groups.GROUPS, 128)) if grouped else (lambda nt_, n_: (nt_ * n_,))
+  # a tile's scale entries (n_: h for keys, TILE vh for values): G=128 [n_]; G=32 [4, h] for keys, [4 vh, 128]
+  # for values (TMA's boxes take at most 256 a dimension: `mosaic_groups`)
+  sblock = ((lambda nt_, n_, key: (nt_ * groups.GROUPS, h) if key else (nt_ * groups.GROUPS * vh, TILE)) if grouped
+            else (lambda nt_, n_, key: (nt_ * n_,)))
+  scale_ns = ((h, True), (h, True), (TILE * vh, False), (TILE * vh, False))  # ks, kz, vs, vz
   swz = plgpu.find_swizzle(ROWS * 16, "rhs")
   b_tiles = (plgpu.TilingTransform((8, swz * 8 // 16)), plgpu.SwizzleTransform(swz))
   code_tiles = (plgpu.TilingTransform((8, 16)), plgpu.SwizzleTransform(32))  # [rows, 16] uint16
 
   mma = functools.partial(wgmma_sum, lag=opt.lag, interpret=interpret)
 
-  def col(ref, m, rows, factor=None, glayout="rows"):
+  def col(ref, m, rows, factor=None, glayout="rows", half=0):
     """ref[16 m: 16 m + 16] (one value per k column of plane m) as fp16 (times `factor`), broadcast over
-    `rows` rows; grouped (G=32): the tile's entries for (row // 32, column), ref in `mosaic_groups`'
-    layout glayout."""
+    `rows` rows; grouped (G=32): the tile's entries for (row // 32, column), ref in `mosaic_groups`' layout
+    glayout (h = 256: keys' k-slab m of the 128-channel window m // 8, values' groups of 128-channel half)."""
     if grouped:
-      v = groups.group_fragment(ref, m, layout=glayout, interpret=interpret)
+      v = groups.group_fragment(ref, m % 8, layout=glayout, interpret=interpret,
+                                offset=(groups.GROUPS * half, TILE * (m // 8)))
       return v if factor is None else v * factor
     v = ref[pl.ds(16 * m, 16)].astype(jnp.float16)
     return jnp.broadcast_to((v if factor is None else v * factor)[None, :], (rows, 16))
@@ -117,7 +121,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     """l rescaled and grown by this step's p: per-thread [TILE, N] sums (`lazy_sums`) or per column."""
     return l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
 
-  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None, magic=None, prescaled=False, glayout="rows"):
+  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None, magic=None, prescaled=False, glayout="rows", half=0):
     """(A builder, B slab) per k-slab; words: the [rows, 16] word tiles of the operand (1, or 2 for 4-bit:
     slab 4 t + m is plane m of tile t). Slab i is code (* scale_ref[16 i: 16 i + 16]) (+ add_ref[16 i:
     16 i + 16]), those [16] vectors per k column, broadcast over the rows. unpack="denorm": the planes
@@ -134,13 +138,13 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       w, hw = words[t], hi[t]
       rows = w.shape[0]
       if opt.unpack == "denorm":
-        f = lambda ref, e: col(ref, i, rows, None if prescaled else jnp.float16(2.0 ** e), glayout)
+        f = lambda ref, e: col(ref, i, rows, None if prescaled else jnp.float16(2.0 ** e), glayout, half)
         return (planes.plane_denorm(w, hw, m, bits) * f(scale_ref, planes.denorm_scale_log2(m, bits))
                 + f(add_ref, -DENORM_LOG2))
       x = planes.plane_masked(w, hw, m, magic, bits) if opt.unpack == "mask" else planes.plane(w, m, opt.exact)
       if scale_ref is not None:
-        x = x * col(scale_ref, i, rows, glayout=glayout)
-      return x if add_ref is None else x + col(add_ref, i, rows, glayout=glayout)
+        x = x * col(scale_ref, i, rows, glayout=glayout, half=half)
+      return x if add_ref is None else x + col(add_ref, i, rows, glayout=glayout, half=half)
     return [(functools.partial(a, i), b_ref.at[pl.ds(16 * i, 16)]) for i in range(len(words) * per_word)]
 
   wgmma_load = functools.partial(plgpu.load, layout=plgpu.Layout.WGMMA)
@@ -186,7 +190,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     times their factors). first: the split's first step (in steps of `tiles_per_step` tiles)."""
     nt = opt.tiles_per_step
     rows = lambda ref, j, size: ref.at[pl.ds(size * j, size)]
-    scales = lambda ref, j, size: ref.at[pl.ds(groups.GROUPS * j, groups.GROUPS)] if grouped else rows(ref, j, size)
+    scales = lambda ref, j, size: rows(ref, j, ref.shape[0] // nt if grouped else size)
     # per-plane factors (`mosaic_groups.regroup`, `split_halves`), else per k column of the scales (keys: h a tile)
     slab_factors = ((tuple(2.0 ** planes.denorm_scale_log2(i % per_word, bits) for i in range(SLABS)),
                      (2.0 ** -DENORM_LOG2,) * SLABS) if denorm else (None, None))
@@ -197,9 +201,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     def to_fp16(srcs, dsts, size, layout):  # `once`: the scales (and zeros) in fp16, with their factors
       factors = slab_factors if grouped or (vh > 1 and layout == "tokens") else column_factors(nt * size)
       for src, dst, f in zip(srcs, dsts, factors):
-        if grouped:
-          for j in range(nt):
-            groups.regroup(scales(src, j, size), scales(dst, j, size), f, layout=layout, interpret=interpret)
+        if grouped:  # h = 256: per 128-channel half (keys' columns, values' groups 4 u ..)
+          for j, u in itertools.product(range(nt), range(vh)):
+            groups.regroup(scales(src, j, size), scales(dst, j, size), f, interpret=interpret,
+                           layout=layout + "8" if vh > 1 and layout == "tokens" else layout,
+                           offset=(groups.GROUPS * u, 0) if layout == "tokens" else (0, TILE * u))
         elif vh > 1 and layout == "tokens":  # value scales per token and 128 channels: made half-major
           groups.split_halves(src, dst, f, interpret=interpret)
         else:
@@ -232,11 +238,12 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         plgpu.commit_smem()
       with jax.named_scope("vmma"):  # o: one [128, N] accumulator per 128 channels (M = 128 A operands)
         half = lambda ref, u: ref if vh == 1 else ref.at[pl.ds(TILE * u, TILE)]
+        shalf = (lambda ref, u: ref) if grouped else half  # grouped: the half's groups by `col`'s offset
         o = tuple(mma(o_u * alpha[None, :], [
             pair for j in range(nt) for pair in plane_pairs(
                 word_tiles(half(rows(vc_s, j, h), u), wgmma_load), rows(pt_smem, j, TILE),
-                half(scales(vz_s, j, TILE * vh), u), half(scales(vs_s, j, TILE * vh), u), magic, once, v_layout)])
-                  for u, o_u in enumerate(o))
+                shalf(scales(vz_s, j, TILE * vh), u), shalf(scales(vs_s, j, TILE * vh), u), magic, once, v_layout,
+                half=u)]) for u, o_u in enumerate(o))
       if opt.manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
         plgpu.commit_smem()
       return o, m_new, l_new, cv
@@ -273,8 +280,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         hiw = [lax.shift_right_logical(w, jnp.uint16(planes.hi_shift(bits))) for w in words]
 
         def a(i):
-          gcol = lambda ref: (groups.group_fragment(ref.at[bi, ki, pl.ds(tile * groups.GROUPS, groups.GROUPS)], i,
-                                                    layout="rows", interpret=interpret) if grouped else
+          gcol = lambda ref: (col(ref.at[bi, ki, pl.ds(tile * groups.GROUPS, groups.GROUPS)], i, TILE) if grouped else
                               jnp.broadcast_to(gload(ref.at[bi, ki, pl.ds(tile * h + 16 * i, 16)],
                                                      plgpu.Layout.WGMMA.reduce(0)).astype(jnp.float16)[None, :],
                                                (TILE, 16)))
@@ -443,8 +449,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         max_concurrent_steps=stages, init_carry=init,
         in_specs=[plgpu.BlockSpec((nt * TILE, kwpr), lambda t: (first + t, 0), transforms=code_tiles),
                   plgpu.BlockSpec((nt * h, vwpr), lambda t: (first + t, 0), transforms=code_tiles),
-                  *[plgpu.BlockSpec(sblock(nt, n_), lambda t: (first + t,) + (0,) * grouped)
-                    for n_ in (h, h, TILE * vh, TILE * vh)]])
+                  *[plgpu.BlockSpec(sblock(nt, n_, key), lambda t: (first + t,) + (0,) * grouped)
+                    for n_, key in scale_ns]])
     def tiles():
       o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
                              vs_g.at[bi, ki], vz_g.at[bi, ki])
@@ -480,7 +486,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       out_type=out_type, **mesh,
       scratch_types=[plgpu.SMEM((opt.tiles_per_step * TILE, ROWS), jnp.float16, transforms=b_tiles),
                      plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
-                     [plgpu.SMEM(sblock(opt.tiles_per_step, n_), jnp.float16) for n_ in (h, h, TILE * vh, TILE * vh)]
+                     [plgpu.SMEM(sblock(opt.tiles_per_step, n_, key), jnp.float16) for n_, key in scale_ns]
                      if once else [],
                      plgpu.Barrier(num_arrivals=1),
                      *((plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles), plgpu.SMEM((h, ROWS), jnp.float32),
@@ -495,8 +501,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   magic = jnp.full((1,), 0x6400, jnp.int32)  # `Options.opaque_magic`: a constant ptxas cannot see
   if q_scale is not None:
     q_t, extra = q_rows, extra + (jnp.reshape(jnp.asarray(q_scale, jnp.float32), (1,)),)  # a free reshape
-  flat = lambda x, n_: x.reshape(b, kh, *sblock(tiles, n_))  # free reshapes
-  res = f(q_t, lengths if lengths is not None else w_len, magic, kc, vc.reshape(b, kh, tiles * h, vwpr), flat(ks, h),
-          flat(kz, h),
-          flat(vs, TILE * vh), flat(vz, TILE * vh), *extra)
+  flat = lambda x, n_, key: x.reshape(b, kh, *sblock(tiles, n_, key))  # free reshapes
+  res = f(q_t, lengths if lengths is not None else w_len, magic, kc, vc.reshape(b, kh, tiles * h, vwpr),
+          *(flat(x, n_, key) for x, (n_, key) in zip((ks, kz, vs, vz), scale_ns)), *extra)
   return res if merged is None else res[-1]
