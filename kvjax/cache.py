@@ -208,21 +208,23 @@ WORDS_DEFAULT_GROUPS = (quant.WORDS_TILE, 32)
 # B=8 32k 204.6 / 350.4, B=64 32k 1537.6 / 2719.3, B=1 32k 34.7 / 63.6, B=8 4k 39.8 / 60.8; only B=1 4k is
 # slower, 19.9 / 16.1: `benchmarks/results/decode_parts/session23/d_decode_s22d_kivi4.json`).
 WORDS_DEFAULT_BITS = (2, 4)
-# Head_dim 256 (Gemma 2) since session 28, G=128 only (`pallas_kernels.gpu.mosaic_kivi`: two 128-channel value
-# accumulators; G=32's scale fragments are 128 channels): other KIVI caches of head_dim 256 stay planar (Triton).
+# Head_dim 256 (Gemma 2) since session 28 (`pallas_kernels.gpu.mosaic_kivi`: a 128-channel value accumulator a
+# half). H100, Gemma-2-2B heads, Mosaic against Triton's planar kernel in the same run, us: B=8 32k KIVI-2 G=128
+# 142.1 / 528.2, G=32 161.2 / 518.1, KIVI-4 182.4 / 586.9; only B=1 4k is slower, 22.8 / 18.5, 24.6 / 16.8,
+# 26.7 / 17.2 (`benchmarks/results/decode_parts/session28/gemma_{h256,g32}.json`).
 WORDS_WIDE_HEAD_DIMS = (256,)
 
 
 def default_kivi_layout(fmt: KVFormat, capacity: int, head_dim: int, backend: str | None = None) -> str:
   """The KIVI code layout `init_cache` picks: "words" on GPU where the Mosaic KIVI kernel reads it
-  (bits in WORDS_DEFAULT_BITS, G in WORDS_DEFAULT_GROUPS, R = H = 128 or H in WORDS_WIDE_HEAD_DIMS at G = 128,
-  no sink tokens;
+  (bits in WORDS_DEFAULT_BITS, G in WORDS_DEFAULT_GROUPS, R = 128, H = 128 or in WORDS_WIDE_HEAD_DIMS, no sink
+  tokens;
   `pallas_kernels.gpu.mosaic_decode`), else "" (planar: what the Triton and TPU kernels read).
   `backend`: default `jax.default_backend()`."""
   backend = jax.default_backend() if backend is None else backend
   if (backend == "gpu" and _words_ok(fmt, capacity, head_dim) is None and fmt.residual == quant.WORDS_TILE
       and not fmt.sink and fmt.key.group_size in WORDS_DEFAULT_GROUPS and fmt.key.bits in WORDS_DEFAULT_BITS
-      and (head_dim == quant.WORDS_TILE or (head_dim in WORDS_WIDE_HEAD_DIMS and fmt.key.group_size == quant.WORDS_TILE))):
+      and (head_dim == quant.WORDS_TILE or head_dim in WORDS_WIDE_HEAD_DIMS)):
     return "words"
   return ""
 

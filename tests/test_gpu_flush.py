@@ -23,13 +23,15 @@ KIVI_FLUSH_FORMATS = {"kivi2": formats.preset("kivi2"), "kivi4": formats.preset(
                       "kivi2_g128_r256+words": formats.kivi(2, 128, 256),
                       "kivi4+words": formats.preset("kivi4"), "kivi4_g128+words": formats.kivi(4, 128, 128),
                       # head_dim 256 (Gemma 2; session 28): 16 key slabs a row, value tiles of 256 channel rows
-                      "kivi2_g128+words+h256": formats.preset("kivi2_g128"),
+                      "kivi2_g128+words+h256": formats.preset("kivi2_g128"), "kivi2+words+h256": formats.preset("kivi2"),
                       "kivi4_g128+words+h256": formats.kivi(4, 128, 128)}
 
 
-def _skip_native_words(fmt, words):
+def _skip_native_words(fmt, words, head_dim=128):
   if words and not INTERPRET and fmt.key.bits not in write.NATIVE_WORDS_BITS:
     pytest.skip(f"{fmt.key.bits}-bit words: the compiled writer is held back (write.NATIVE_WORDS_BITS)")
+  if words and not INTERPRET and head_dim != 128 and fmt.key.group_size not in write.NATIVE_WIDE_WORDS_GROUPS:
+    pytest.skip(f"head_dim {head_dim} at G={fmt.key.group_size}: held back (write.NATIVE_WIDE_WORDS_GROUPS)")
 
 
 def _stale_words(c):
@@ -45,7 +47,7 @@ def test_pallas_kivi_key_flush_equals_xla(fmt_name):
   by a middle token of T = 3, a sink block, and capacity drops at S = 384 (under jit)."""
   fmt, words = KIVI_FLUSH_FORMATS[fmt_name], "+words" in fmt_name
   h = 256 if fmt_name.endswith("+h256") else 128
-  _skip_native_words(fmt, words)
+  _skip_native_words(fmt, words, h)
   c = cache_lib.init_cache(fmt, 6, 2, 384 + 128 * (fmt.residual > 128), h, kivi_layout="words" if words else "")
   c = _stale_words(c) if words else c
   s_cap = c.capacity

@@ -135,7 +135,8 @@ def test_default_layout_per_backend_and_format():
   assert kvcache.default_kivi_layout(f, 1024, 128, backend="gpu") == "words"
   assert kvcache.default_kivi_layout(f, 1024, 128, backend="cpu") == ""
   assert kvcache.default_kivi_layout(f, 1024, 256, backend="gpu") == "words"  # Gemma's head_dim, G=128 (session 28)
-  assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 256, backend="gpu") == ""  # G=32 there: planar
+  assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 256, backend="gpu") == "words"  # G=32 there too
+  assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 64, backend="gpu") == ""
   assert kvcache.default_kivi_layout(formats.preset("kivi2"), 1024, 128, backend="gpu") == "words"  # G=32
   assert kvcache.default_kivi_layout(formats.preset("kivi4"), 1024, 128, backend="gpu") == "words"
   assert kvcache.default_kivi_layout(formats.preset("kivi4"), 1024, 128, backend="cpu") == ""
@@ -174,6 +175,10 @@ def test_writers_and_kernels_that_decline_fall_back(monkeypatch):
   monkeypatch.setattr(write, "NATIVE_WORDS_BITS", (2,))  # a width held back natively: refused
   with pytest.raises(NotImplementedError, match=r"'words' codes of 4 bits natively"):
     write.write_rows(words4, [], interpret=False)
+  _, wide = _pair(2, 256, kv_heads=1, stale=False, fmt="kivi2", head_dim=256)  # G=32 at 256: interpreted only
+  kv256 = jnp.ones((2, 1, 1, 256))
+  with pytest.raises(NotImplementedError, match=r"head_dim 256 at G=32 natively \(NATIVE_WIDE_WORDS_GROUPS"):
+    write.write_rows(wide, [], interpret=False)
   ref = dispatch.decode_attention(q, out, implementation="xla")
   np.testing.assert_array_equal(np.asarray(dispatch.decode_attention(q, out, implementation=("pallas_gpu", "xla"))),
                                 np.asarray(ref))

@@ -178,9 +178,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     return [jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0) for ok, sc in zip(oks, scs)], m_new, alpha
 
   once = opt.scales_once and (ks.dtype != jnp.float16 or vh > 1)
-  # the f32 query, the scaled fp16 query and the zero rows in shared memory for the whole program: the
-  # steps without `dequant_in_a` read them every tile; the dequant steps read only the fp16 query (12.5 KB
-  # less: KIVI-4's 4-bit word tiles then fit 4 programs per SM)
+  # the f32 query, the scaled fp16 query and the zero rows in shared memory for the whole program (steps without
+  # `dequant_in_a`); the dequant steps read only the fp16 query (12.5 KB less: KIVI-4 fits 4 programs per SM)
   resident = not opt.dequant_in_a
 
   def dequant_step(length, first, pt_smem, q16_smem, s16, magic, lo0=None):
@@ -209,11 +208,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         elif vh > 1 and layout == "tokens":  # value scales per token and 128 channels: made half-major
           groups.split_halves(src, dst, f, interpret=interpret)
         else:
-          dst[...] = convert(src, f)
-
-    def convert(src, f):
-      x = src[...]
-      return (x if f is None else x.astype(jnp.float32) * f).astype(jnp.float16)
+          dst[...] = (src[...] if f is None else src[...].astype(jnp.float32) * f).astype(jnp.float16)
 
     def step(idx, kc_s, vc_s, ks_s, kz_s, vs_s, vz_s, carry):
       o, m_prev, l_prev, cv = carry

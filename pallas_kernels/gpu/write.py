@@ -84,6 +84,10 @@ NATIVE_WORDS_BITS = (2, 4)
 # finish within its time in session 24 (`decode_parts/session24/c_pytest.txt`); longer appends take the XLA
 # scatters (`dispatch.append` falls back).
 NATIVE_WORDS4_MAX_TOKENS = 16
+# The key groups of head_dim-256 "words" caches the compiled writer stores (session 28: G=128 bit-identical to the
+# XLA scatters natively, `benchmarks/results/decode_parts/session28/pytest_writer.txt`; G=32 only interpreted: its
+# appends take the XLA scatters when compiled until a native run passes `tests/test_gpu_flush.py -k h256`).
+NATIVE_WIDE_WORDS_GROUPS = (128,)
 
 
 def flush_in_kernel_default(fmt) -> bool:
@@ -229,6 +233,10 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   if cache.k.layout == "words" and not interpret and cache.fmt.key.bits not in NATIVE_WORDS_BITS:
     raise NotImplementedError(f"pallas_gpu append: 'words' codes of {cache.fmt.key.bits} bits natively "
                               f"(NATIVE_WORDS_BITS: {NATIVE_WORDS_BITS}; interpreted, any)")
+  if (cache.k.layout == "words" and not interpret and cache.head_dim != quant.WORDS_TILE
+      and cache.fmt.key.group_size not in NATIVE_WIDE_WORDS_GROUPS):
+    raise NotImplementedError(f"pallas_gpu append: 'words' codes of head_dim {cache.head_dim} at G="
+                              f"{cache.fmt.key.group_size} natively (NATIVE_WIDE_WORDS_GROUPS: {NATIVE_WIDE_WORDS_GROUPS})")
   if (cache.k.layout == "words" and not interpret and cache.fmt.key.bits == 4
       and max((w.new.shape[2] for w in writes), default=0) > NATIVE_WORDS4_MAX_TOKENS):
     raise NotImplementedError(f"pallas_gpu append: more than {NATIVE_WORDS4_MAX_TOKENS} tokens into 4-bit 'words' "
