@@ -18,7 +18,9 @@ channel of a key slab, the token of a value slab):
   * "packed" (made once per tile by `regroup`): as "rows" with each 16 columns reordered 0, 1, 8, 9, 2, 3,
     10, 11, .. so that a thread's 4 columns of a slab are adjacent: one 64-bit load an M-block, 2 a slab
     (where "rows" takes 4 32-bit loads and "tokens" 8 16-bit loads and 4 packs).
-The interpreter builds the same [128, 16] arrays with jnp.
+The interpreter builds the same [128, 16] arrays with jnp. At head_dim 256 a tile's scales are wider ([4, 256]
+for keys, [8, 128] for values: "tokens8", entry 8 x + g) and each 128-channel half is a [4, 128] window at an
+`offset` ((0, 128 u) for keys, (4 u, 0) for values) that `regroup` and `group_fragment` index in place.
 """
 
 from __future__ import annotations

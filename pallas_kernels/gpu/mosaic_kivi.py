@@ -1,6 +1,6 @@
 """KIVI decode states on Mosaic GPU (Pallas `plgpu`), dequantized codes as WGMMA's register A operand:
 KIVI-2 G=128, since session 22 G=32 (`mosaic_groups`) and 4-bit codes (KIVI-4), since session 28 head_dim
-256 at G=128 (Gemma 2: 16 key k-slabs, one [128, N] value accumulator per 128 channels). `mosaic_decode` runs
+256 (Gemma 2: 16 key k-slabs, one [128, N] value accumulator per 128 channels). `mosaic_decode` runs
 it over a cache in the "words" layout (`QArray.layout`; the GPU default where this kernel reads it), which
 `ops.decode_attention` dispatches there. H200, B=8 32k, Llama-3-8B heads, KIVI-2 G=128: 105.3 us alone
 (session 17; torch SDPA bf16 ~245 us a call; history in benchmarks/NOTES_gpu.md). The planes are unpacked

@@ -7,8 +7,8 @@ Layouts (H = 128 or 256 channels):
   * values [B, K, S / 128, H, 16] uint16: per 128-token tile, channel rows; word j holds the tile's
     tokens j + 16 m at bits 2m (the tile transposed, as the FP8 / INT8 tiled value layout);
   * key scale / zero [B, K, S / 128, H] per channel and 128-token group; value scale / zero [B, K, S]
-    per token (G = H = 128), [B, K, S, 2] at H = 256 (per token and 128 channels); at G=32 (H = 128)
-    [B, K, S / 32, H] and [B, K, S, H / 32];
+    per token (G = H = 128), [B, K, S, 2] at H = 256 (per token and 128 channels); at G=32 [B, K, S / 32, H]
+    and [B, K, S, H / 32];
   * 4-bit codes: H / 4 words a key row, 32 a value row; word 16 t + j holds elements 64 t + j + 16 m
     (m = 0..3) at bits 4m (`kvjax.packing.pack_words(bits=4)`), so k-slab 4 t + m is plane m of tile t.
 """
