@@ -279,7 +279,7 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
     raise ValueError(f"q must be [B, N, T, {cache.head_dim}] with N a multiple of the {kh} KV heads and "
                      f"N / {kh} x T <= {mk.ROWS} query rows per KV head, got {q.shape}")
   b, n, t, h = q.shape
-  grouped = default_variant(cache) == GROUPED_VARIANT  # G=32 or 4-bit
+  grouped = default_variant(cache) == GROUPED_VARIANT  # G=32, 4-bit or head_dim 256
   if variant is None:
     variant = default_variant(cache)
   opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
@@ -293,7 +293,7 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   if (logit_softcap is not None or sliding_window is not None) and window != "kernel":
     raise ValueError(f"logit_softcap / sliding_window are applied inside the kernel: they need window 'kernel' "
                      f"(or 'auto' resolving to it), got {window!r}")
-  if (grouped or h != 128) and window == "pallas":
+  if grouped and window == "pallas":
     raise ValueError("window 'pallas' (window_merge) reads 2-bit G=128 keys of 128 channels; a G=32, 4-bit or "
                      "head_dim 256 cache takes 'kernel' or 'xla'")
   scale = (h ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E

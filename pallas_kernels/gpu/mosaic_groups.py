@@ -151,6 +151,28 @@ def _fragment(ref, m: int, layout: str, offset=(0, 0)):
   return build(ref)
 
 
+def _slab_factors(factors, shape, axis: int):
+  """The interpreter's factors[x // 16] over `axis` (x: 0..127) of an f32 array of `shape` (iota and selects: an
+  interpreted kernel may not close over constant arrays)."""
+  slab = lax.broadcasted_iota(jnp.int32, shape, axis) // 16
+  f = jnp.zeros(shape, jnp.float32)
+  for m, fm in enumerate(factors):
+    f = jnp.where(slab == m, jnp.float32(fm), f)
+  return f
+
+
+def _slab_factor(factors, slab):
+  """Natively (inside an `inline_mgpu` emitter): factors[slab] as an f32 scalar, slab an i32 value in 0..7."""
+  from jaxlib.mlir import ir  # noqa: PLC0415
+  from jaxlib.mlir.dialects import arith  # noqa: PLC0415
+  i32, f32 = ir.IntegerType.get_signless(32), ir.F32Type.get()
+  f = arith.constant(f32, float(factors[7]))
+  for m in range(6, -1, -1):
+    f = arith.select(arith.cmpi(arith.CmpIPredicate.eq, slab, arith.constant(i32, m)),
+                     arith.constant(f32, float(factors[m])), f)
+  return f
+
+
 def regroup(src, dst, factors=None, *, layout: str, interpret: bool, offset=(0, 0)):
   """dst's [4, 128] window at `offset` fp16 "packed" = src's ("rows": its window at the same offset, "tokens":
   [4, 128]; "tokens8": a head_dim-256 value tile [8, 128], entry 8 x + g, groups offset[0] .. + 3; fp16 / bf16
@@ -172,11 +194,7 @@ def regroup(src, dst, factors=None, *, layout: str, interpret: bool, offset=(0, 
     else:
       x = _as_rows(x[r0:r0 + GROUPS, c0:c0 + 128] if layout == "rows" else x, layout)
     if factors is not None:
-      slab = lax.broadcasted_iota(jnp.int32, (1, 128), 1) // 16
-      f = jnp.zeros((1, 128), jnp.float32)
-      for m, fm in enumerate(factors):
-        f = jnp.where(slab == m, jnp.float32(fm), f)
-      x = x * f
+      x = x * _slab_factors(factors, (1, 128), 1)
     x = _packed(x).astype(jnp.float16)
     dst[...] = x if tuple(dst.shape) == (GROUPS, 128) else dst[...].at[r0:r0 + GROUPS, c0:c0 + 128].set(x)
     return
@@ -209,10 +227,7 @@ def regroup(src, dst, factors=None, *, layout: str, interpret: bool, offset=(0, 
       places = [(c(g), t) for g in range(GROUPS)]
       slab = arith.shrui(t, c(4))
     if factors is not None:
-      f = arith.constant(f32, float(factors[7]))
-      for m in range(6, -1, -1):  # factors[slab]
-        f = arith.select(arith.cmpi(arith.CmpIPredicate.eq, slab, c(m)), arith.constant(f32, float(factors[m])), f)
-      v = arith.mulf(v, vector.broadcast(vec(f32), f))
+      v = arith.mulf(v, vector.broadcast(vec(f32), _slab_factor(factors, slab)))
     v = arith.truncf(vec(f16), v)
     for i, (g, x) in enumerate(places):
       cc = arith.andi(x, c(15))  # packed_position(x)
@@ -237,11 +252,7 @@ def split_halves(src, dst, factors=None, *, interpret: bool):
   if interpret:
     x = src[...].astype(jnp.float32).reshape(n // 256, 128, 2)
     if factors is not None:
-      slab = lax.broadcasted_iota(jnp.int32, (1, 128, 1), 1) // 16
-      f = jnp.zeros((1, 128, 1), jnp.float32)
-      for m, fm in enumerate(factors):
-        f = jnp.where(slab == m, jnp.float32(fm), f)
-      x = x * f
+      x = x * _slab_factors(factors, (1, 128, 1), 1)
     dst[...] = x.transpose(0, 2, 1).reshape(n).astype(jnp.float16)
     return
   from jax.experimental.mosaic.gpu import utils  # noqa: PLC0415
@@ -257,12 +268,7 @@ def split_halves(src, dst, factors=None, *, interpret: bool):
     c = lambda v: arith.constant(i32, v)
     ix = lambda v: arith.index_castui(index, v)
     t = arith.andi(utils.thread_idx(), c(127))
-    f = None
-    if factors is not None:
-      slab = arith.shrui(t, c(4))
-      f = arith.constant(f32, float(factors[7]))
-      for m in range(6, -1, -1):  # factors[slab]
-        f = arith.select(arith.cmpi(arith.CmpIPredicate.eq, slab, c(m)), arith.constant(f32, float(factors[m])), f)
+    f = None if factors is None else _slab_factor(factors, arith.shrui(t, c(4)))
     for j in range(n // 256):
       v = vector.load(vec(elem), src_ref, [ix(arith.addi(c(256 * j), arith.shli(t, c(1))))])
       v = v if elem == f32 else arith.extf(vec(f32), v)
