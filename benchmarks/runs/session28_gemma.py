@@ -8,6 +8,8 @@ bf16 in the same run. Writes JSON.
     python3 benchmarks/runs/session28_gemma.py OUT.json [B:context,...] [fmt,...]
 
 WINDOWS (env): the sliding windows timed, comma-separated, "none" for the full context (default "none,4096").
+LAYOUTS (env): which of "words,planar" (default both). SPLITS (env, session 29): the `num_splits` values timed,
+comma-separated, 0 for `ops.default_splits`' choice (default "0").
 """
 import functools
 import os
@@ -34,6 +36,8 @@ def main():
   fmts = (sys.argv[3] if len(sys.argv) > 3 else "kivi2_g128").split(",")
   reps = int(os.environ.get("REPS", 3))
   windows = [None if w == "none" else int(w) for w in os.environ.get("WINDOWS", "none,4096").split(",")]
+  layouts = {k: LAYOUTS[k] for k in os.environ.get("LAYOUTS", ",".join(LAYOUTS)).split(",")}
+  splits = [int(n) for n in os.environ.get("SPLITS", "0").split(",")]
   dk.SHAPE = dk.SHAPES["gemma2_2b"]
   res = {"device": jax.devices()[0].device_kind, "shape": "gemma2_2b", "rows": []}
   key = jax.random.PRNGKey(0)
@@ -43,20 +47,22 @@ def main():
     measured(res, out, dict(impl="torch_sdpa", format="bf16", batch=b, context=ctx), torch)
     for fmt in fmts:
       for win in windows:
-        for layout, lopts in LAYOUTS.items():
-          def measure(row, fmt=fmt, win=win, lopts=lopts):
+        for (layout, lopts), ns in ((lo, n) for lo in layouts.items() for n in splits):
+          def measure(row, fmt=fmt, win=win, lopts=lopts, ns=ns):
             dk.WINDOW = win
             c0 = dk.random_cache(fmt, b, ctx, ctx - 256, key)
             c0 = cache_lib.with_kivi_layout(c0, lopts["kivi_layout"])
             row["cache_layout"] = c0.k.layout
             q = jax.random.normal(jax.random.fold_in(key, 99), (b, 8, 1, 256), jnp.bfloat16)
             opts = dict(logit_softcap=50.0, window=win)
-            o = np.asarray(jax.jit(functools.partial(ops.decode_attention, **opts))(q, c0), np.float32)
+            split = {"num_splits": ns} if ns else {}
+            o = np.asarray(jax.jit(functools.partial(ops.decode_attention, **opts, **split))(q, c0), np.float32)
             ref = np.asarray(jax.jit(functools.partial(attention.decode_attention, **opts))(q.astype(jnp.float32), c0))
             row["rel_err_vs_reference"] = float(np.linalg.norm(o - ref) / max(np.linalg.norm(ref), 1e-30))
-            (_, row["us"], row["bytes_read"]), = dk.kvjax_rows(fmt, b, ctx, reps, key, False, lopts)
+            (_, row["us"], row["bytes_read"]), = dk.kvjax_rows(fmt, b, ctx, reps, key, False, {**lopts, **split})
             row["tbps"] = row["bytes_read"] / row["us"] / 1e6
-          measured(res, out, dict(impl="kvjax", format=fmt, layout=layout, window=win, batch=b, context=ctx),
+          measured(res, out, dict(impl="kvjax", format=fmt, layout=layout, window=win, batch=b, context=ctx,
+                        num_splits=ns or None),
                    measure)
       dk.WINDOW = None
 

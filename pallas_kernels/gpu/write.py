@@ -85,8 +85,10 @@ NATIVE_WORDS_BITS = (2, 4)
 # scatters (`dispatch.append` falls back).
 NATIVE_WORDS4_MAX_TOKENS = 16
 # The key groups of head_dim-256 "words" caches the compiled writer stores (session 28: G=128 bit-identical to the
-# XLA scatters natively, `benchmarks/results/decode_parts/session28/pytest_writer.txt`; G=32 only interpreted: its
-# appends take the XLA scatters when compiled until a native run passes `tests/test_gpu_flush.py -k h256`).
+# XLA scatters natively, `benchmarks/results/decode_parts/session28/pytest_writer.txt`). G=32 is bit-identical
+# natively too (session 29, `decode_parts/session29/pytest_writer_g32.txt`) but held back: a Gemma throughput row
+# with it did not finish in 200 s, nor a B=8 step timing, and its compile (on the CPU) adds ~33 s; its appends
+# take the XLA scatters until its append is timed.
 NATIVE_WIDE_WORDS_GROUPS = (128,)
 
 
@@ -300,17 +302,28 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
     flush_in = [jnp.asarray(fl.lengths, jnp.int32) + count, count, fl.new]  # `flush_keys`' ends, count
   if num_warps is None:
     num_warps = 1 if fl is None else 4
-  n_in = 2 * n + 2 * len(quants) + len(flush_in)
-  kernel = functools.partial(_kernel, rows=rows, tiles=tiles, planes=planes, n_writes=n, quants=q_specs,
-                             fmt=cache.fmt if fl is not None else None, words=words, barrier=not interpret)
-  out = pl.pallas_call(
-      kernel, grid=(b, k),
+  statics = dict(rows=rows, tiles=tiles, planes=planes, n_writes=n, quants=q_specs,
+                 fmt=cache.fmt if fl is not None else None, words=words, barrier=not interpret)
+  out = _launch(tuple(statics.items()), (b, k), len(dsts), num_warps, interpret, *pos, *news, *q_pos, *q_raw,
+                *flush_in, *dsts)
+  return cache_lib.set_leaves(cache, {nm: o.reshape(a.shape) for nm, o, a in zip(names, out, leaves)})
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _launch(statics, grid, n_out, num_warps, interpret, *arrays):
+  """The writer's `pallas_call` over `arrays` (its inputs, then the `n_out` leaves it updates in place), under
+  `jax.jit` so a program appending to many layers' caches traces and lowers the kernel once per distinct
+  configuration (`statics`: `_kernel`'s keyword arguments), not once per layer: session 29 measured 0.64 s a call
+  tracing it, 27 s of a 32-layer Llama generate program's trace (`decode_parts/session29/compile_llama_4k.txt`)."""
+  n_in = len(arrays) - n_out
+  dsts = arrays[n_in:]
+  return pl.pallas_call(
+      functools.partial(_kernel, **dict(statics)), grid=grid,
       out_shape=[jax.ShapeDtypeStruct(d.shape, d.dtype) for d in dsts],
-      input_output_aliases={n_in + i: i for i in range(len(dsts))},
+      input_output_aliases={n_in + i: i for i in range(n_out)},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="kvjax_append_rows",
-  )(*pos, *news, *q_pos, *q_raw, *flush_in, *dsts)
-  return cache_lib.set_leaves(cache, {nm: o.reshape(a.shape) for nm, o, a in zip(names, out, leaves)})
+  )(*arrays)
 
 
 def append(cache: KVCache, k, v, num_new=None, *, interpret=None, flush_in_kernel=None) -> KVCache:
