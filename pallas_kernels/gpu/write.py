@@ -87,8 +87,9 @@ NATIVE_WORDS4_MAX_TOKENS = 16
 # The key groups of head_dim-256 "words" caches the compiled writer stores (session 28: G=128 bit-identical to the
 # XLA scatters natively, `benchmarks/results/decode_parts/session28/pytest_writer.txt`). G=32 is bit-identical
 # natively too (session 29, `decode_parts/session29/pytest_writer_g32.txt`) but held back: a Gemma throughput row
-# with it did not finish in 200 s, nor a B=8 step timing, and its compile (on the CPU) adds ~33 s; its appends
-# take the XLA scatters until its append is timed.
+# with it did not finish in 200 s, nor a B=8 step timing, and its in-kernel key flush takes 47 s to compile for an
+# H200 on the CPU (1.3 s without: `decode_parts/session29/writer_aot_cpu.txt`); its appends take the XLA scatters
+# until its append is timed.
 NATIVE_WIDE_WORDS_GROUPS = (128,)
 
 
