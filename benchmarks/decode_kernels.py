@@ -175,7 +175,9 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
   rows.append(("kvjax", us, nb))
   if do_step:  # the step and the append alone, with each cache writer (suffix "_pallas": one kernel)
     writers = [("", cache_lib.append), ("_pallas", write.append)]
-    if formats.preset(fmt_name).is_kivi:  # the KIVI key block quantized inside the write kernel
+    fmt = formats.preset(fmt_name)
+    if fmt.is_kivi and (fmt.key.group_size, SHAPE.head_dim) not in write.IN_KERNEL_FLUSH_SLOW:
+      # the KIVI key block quantized inside the write kernel (not where that kernel is too slow to compile)
       writers.append(("_pallas_flush", functools.partial(write.append, flush_in_kernel=True)))
     for suffix, append_fn in writers:
       full = decode_step(functools.partial(ops.decode_attention, **kernel_options(opts)), b, ctx,

@@ -54,7 +54,11 @@ def test_pallas_kivi_key_flush_equals_xla(fmt_name):
   x = jax.random.normal(jax.random.PRNGKey(0), (6, 2, s_cap, h)) * jnp.linspace(0.1, 4, h)
   c = cache_lib.append(c, x, -x, jnp.asarray([0, 127, 126, 255, 254, s_cap - 1]))
   ref = lambda c_, k_, n_: cache_lib.append(c_, k_, k_ * 0.25, n_)
-  pal = lambda c_, k_, n_: write.append(c_, k_, k_ * 0.25, n_, interpret=INTERPRET, flush_in_kernel=True)
+  # natively, where the in-kernel flush is too slow to compile (write.IN_KERNEL_FLUSH_SLOW), the default writer
+  # (XLA quantizes the key block, the kernel stores it) is the one checked
+  slow = not INTERPRET and (fmt.key.group_size, h) in write.IN_KERNEL_FLUSH_SLOW
+  pal = lambda c_, k_, n_: write.append(c_, k_, k_ * 0.25, n_, interpret=INTERPRET,
+                                        flush_in_kernel=None if slow else True)
   want = got = c
   steps = [(1, None), (3, [3, 2, 3, 1, 3, 2]), (1, [1, 0, 1, 1, 1, 1]), (3, [0, 3, 1, 3, 2, 3])]
   for i, (t, n) in enumerate(steps):

@@ -126,19 +126,21 @@ def test_append_lowers_to_one_triton_kernel(fmt_name, num_new):
     assert len(ir) < 400_000, len(ir)
 
 
-@pytest.mark.parametrize("fmt_name,in_kernel", [("kivi2", True), ("kivi4", True), ("kivi2_g128", True),
-                                                ("kivi2_sink4", True), ("kivi2_g64", False),
-                                                ("fp8_e4m3", False)])
-def test_append_flushes_in_kernel_by_default_only_where_gpu_checked(fmt_name, in_kernel):
-  # key groups 32 and 128 (with and without sinks) ran bit-identical on the H200; others keep XLA's
+@pytest.mark.parametrize("fmt_name,head_dim,in_kernel", [("kivi2", 128, True), ("kivi4", 128, True),
+                                                         ("kivi2_g128", 128, True), ("kivi2_sink4", 128, True),
+                                                         ("kivi2_g64", 128, False), ("fp8_e4m3", 128, False),
+                                                         ("kivi2", 256, False), ("kivi2_g128", 256, True)])
+def test_append_flushes_in_kernel_by_default_only_where_gpu_checked(fmt_name, head_dim, in_kernel):
+  # key groups 32 and 128 (with and without sinks) ran bit-identical on the H200; others keep XLA's, as does G=32 at
+  # head_dim 256 (its in-kernel flush is too slow to compile: write.IN_KERNEL_FLUSH_SLOW)
   import jax.numpy as jnp
   from kvjax import cache as cache_lib, formats
   from pallas_kernels.gpu import write
   fmt = {"kivi2_sink4": lambda: formats.kivi(2, 32, 128, sink=4),
          "kivi2_g64": lambda: formats.kivi(2, 64, 128)}.get(fmt_name, lambda: formats.preset(fmt_name))()
-  assert write.flush_in_kernel_default(fmt) == in_kernel
-  c = cache_lib.init_cache(fmt, 2, 2, 512, 128)
-  k = jnp.zeros((2, 2, 1, 128), jnp.bfloat16)
+  assert write.flush_in_kernel_default(fmt, head_dim) == in_kernel
+  c = cache_lib.init_cache(fmt, 2, 2, 512, head_dim)
+  k = jnp.zeros((2, 2, 1, head_dim), jnp.bfloat16)
   ir, = lowering_check.lower_append(c, k, k, jnp.asarray([1, 0], jnp.int32))
   assert ("gpu.barrier" in ir) == in_kernel
 

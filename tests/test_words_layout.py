@@ -175,9 +175,13 @@ def test_writers_and_kernels_that_decline_fall_back(monkeypatch):
   monkeypatch.setattr(write, "NATIVE_WORDS_BITS", (2,))  # a width held back natively: refused
   with pytest.raises(NotImplementedError, match=r"'words' codes of 4 bits natively"):
     write.write_rows(words4, [], interpret=False)
-  _, wide = _pair(2, 256, kv_heads=1, stale=False, fmt="kivi2", head_dim=256)  # G=32 at 256: interpreted only
-  kv256 = jnp.ones((2, 1, 1, 256))
-  with pytest.raises(NotImplementedError, match=r"head_dim 256 at G=32 natively \(NATIVE_WIDE_WORDS_GROUPS"):
+  _, wide = _pair(2, 256, kv_heads=1, stale=False, fmt="kivi2", head_dim=256)
+  assert write.write_rows(wide, [], interpret=False) is wide  # G=32 at head_dim 256, batch 2: compiled natively
+  monkeypatch.setattr(write, "NATIVE_WIDE_WORDS_GROUPS", {128: None, 32: 1})  # past its largest batch: refused
+  with pytest.raises(NotImplementedError, match=r"head_dim 256 at G=32, batch 2 natively \(NATIVE_WIDE_WORDS_GROUPS"):
+    write.write_rows(wide, [], interpret=False)
+  monkeypatch.setattr(write, "NATIVE_WIDE_WORDS_GROUPS", {128: None})  # a group held back natively: refused
+  with pytest.raises(NotImplementedError, match=r"head_dim 256 at G=32, batch 2 natively"):
     write.write_rows(wide, [], interpret=False)
   ref = dispatch.decode_attention(q, out, implementation="xla")
   np.testing.assert_array_equal(np.asarray(dispatch.decode_attention(q, out, implementation=("pallas_gpu", "xla"))),

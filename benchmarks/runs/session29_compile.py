@@ -36,7 +36,7 @@ from kvjax.models.decoder import Decoder  # noqa: E402
 from pallas_kernels.gpu import write  # noqa: E402
 
 if os.environ.get("WIDE_GROUPS"):  # e.g. "128,32": the head_dim-256 key groups the compiled writer takes
-  write.NATIVE_WIDE_WORDS_GROUPS = tuple(int(g) for g in os.environ["WIDE_GROUPS"].split(","))
+  write.NATIVE_WIDE_WORDS_GROUPS = {int(g): None for g in os.environ["WIDE_GROUPS"].split(",")}
 
 
 def timed(f, what=""):

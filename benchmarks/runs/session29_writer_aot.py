@@ -18,7 +18,7 @@ from aot_h200 import h200  # noqa: E402
 from kvjax import cache as cache_lib, formats  # noqa: E402
 from pallas_kernels.gpu import write  # noqa: E402
 
-write.NATIVE_WIDE_WORDS_GROUPS = (128, 32)  # compiled here: the writer the gate holds back at G=32
+write.NATIVE_WIDE_WORDS_GROUPS = {128: None, 32: None}  # compiled here: the writer the gate holds back at G=32
 for name, h, flush_in_kernel in [("kivi2", 128, True), ("kivi2", 256, True), ("kivi2", 256, False),
                                  ("kivi2_g128", 256, True), ("kivi4", 256, True), ("kivi4", 256, False)]:
   fmt = formats.preset(name)

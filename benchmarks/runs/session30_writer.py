@@ -27,7 +27,7 @@ def case(fmt_name, writer, b, ctx):
   import decode_kernels as dk
   from kvjax import cache as cache_lib, formats
   from pallas_kernels.gpu import write
-  write.NATIVE_WIDE_WORDS_GROUPS = (128, 32)
+  write.NATIVE_WIDE_WORDS_GROUPS = {128: None, 32: None}
   dk.SHAPE = dk.SHAPES["gemma2_2b"]
   fn = (cache_lib.append if writer == "xla" else
         functools.partial(write.append, flush_in_kernel=writer == "kernel_flush"))

@@ -84,18 +84,24 @@ NATIVE_WORDS_BITS = (2, 4)
 # finish within its time in session 24 (`decode_parts/session24/c_pytest.txt`); longer appends take the XLA
 # scatters (`dispatch.append` falls back).
 NATIVE_WORDS4_MAX_TOKENS = 16
-# The key groups of head_dim-256 "words" caches the compiled writer stores (session 28: G=128 bit-identical to the
-# XLA scatters natively, `benchmarks/results/decode_parts/session28/pytest_writer.txt`). G=32 is bit-identical
-# natively too (session 29, `decode_parts/session29/pytest_writer_g32.txt`) but held back: a Gemma throughput row
-# with it did not finish in 200 s, nor a B=8 step timing, and its in-kernel key flush takes 47 s to compile for an
-# H200 on the CPU (1.3 s without: `decode_parts/session29/writer_aot_cpu.txt`); its appends take the XLA scatters
-# until its append is timed.
-NATIVE_WIDE_WORDS_GROUPS = (128,)
+# The key groups of head_dim-256 "words" caches the compiled writer stores, each with the largest batch it takes
+# (None: any). G=128 (session 28): bit-identical to the XLA scatters natively,
+# `benchmarks/results/decode_parts/session28/pytest_writer.txt`. G=32 (session 30, H100, `decode_parts/session30/`),
+# with XLA quantizing its key blocks (`IN_KERNEL_FLUSH_SLOW`): bit-identical (`pytest_writer_h256.txt`); a Gemma-2-2B
+# KIVI-2 32k decode step (`decode_gemma_g32_step.json`) takes 185.1 us against 192.6 with XLA's scatters at B=8
+# (the append alone 25.1 against 29.0) but 1205.8 against 1182.4 at B=64 (124.6 against 96.8), and issue 7's Gemma
+# KIVI-2 32k row at B=64 ran 3% slower with it: larger batches take the XLA scatters.
+NATIVE_WIDE_WORDS_GROUPS = {128: None, 32: 8}
+# (key group, head_dim) whose in-kernel key flush is too slow to compile (session 29: 47.2 s for an H200 on the
+# CPU against 1.3 s without, `decode_parts/session29/writer_aot_cpu.txt`; session 30: no native compile in 100 s):
+# XLA quantizes their key blocks by default.
+IN_KERNEL_FLUSH_SLOW = frozenset({(32, 256)})
 
 
-def flush_in_kernel_default(fmt) -> bool:
-  """Whether `write_rows` quantizes `fmt`'s KIVI key blocks in the kernel by default."""
-  return fmt.is_kivi and fmt.key.group_size in FLUSH_IN_KERNEL_GROUPS
+def flush_in_kernel_default(fmt, head_dim: int = 128) -> bool:
+  """Whether `write_rows` quantizes `fmt`'s KIVI key blocks of `head_dim` channels in the kernel by default."""
+  return (fmt.is_kivi and fmt.key.group_size in FLUSH_IN_KERNEL_GROUPS
+          and (fmt.key.group_size, head_dim) not in IN_KERNEL_FLUSH_SLOW)
 
 
 def _quantize_row(x, spec):
@@ -236,10 +242,12 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   if cache.k.layout == "words" and not interpret and cache.fmt.key.bits not in NATIVE_WORDS_BITS:
     raise NotImplementedError(f"pallas_gpu append: 'words' codes of {cache.fmt.key.bits} bits natively "
                               f"(NATIVE_WORDS_BITS: {NATIVE_WORDS_BITS}; interpreted, any)")
-  if (cache.k.layout == "words" and not interpret and cache.head_dim != quant.WORDS_TILE
-      and cache.fmt.key.group_size not in NATIVE_WIDE_WORDS_GROUPS):
-    raise NotImplementedError(f"pallas_gpu append: 'words' codes of head_dim {cache.head_dim} at G="
-                              f"{cache.fmt.key.group_size} natively (NATIVE_WIDE_WORDS_GROUPS: {NATIVE_WIDE_WORDS_GROUPS})")
+  if cache.k.layout == "words" and not interpret and cache.head_dim != quant.WORDS_TILE:
+    g, batch = cache.fmt.key.group_size, cache.lengths.shape[0]
+    if g not in NATIVE_WIDE_WORDS_GROUPS or (NATIVE_WIDE_WORDS_GROUPS[g] or batch) < batch:
+      raise NotImplementedError(f"pallas_gpu append: 'words' codes of head_dim {cache.head_dim} at G={g}, batch "
+                                f"{batch} natively (NATIVE_WIDE_WORDS_GROUPS, group: largest batch: "
+                                f"{NATIVE_WIDE_WORDS_GROUPS})")
   if (cache.k.layout == "words" and not interpret and cache.fmt.key.bits == 4
       and max((w.new.shape[2] for w in writes), default=0) > NATIVE_WORDS4_MAX_TOKENS):
     raise NotImplementedError(f"pallas_gpu append: more than {NATIVE_WORDS4_MAX_TOKENS} tokens into 4-bit 'words' "
@@ -252,7 +260,7 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   if len(flushes) > 1:
     raise NotImplementedError(f"pallas_gpu append: {len(flushes)} key flushes in one append")
   fl = flushes[0] if flushes else None
-  in_kernel = flush_in_kernel_default(cache.fmt) if flush_in_kernel is None else flush_in_kernel
+  in_kernel = flush_in_kernel_default(cache.fmt, cache.head_dim) if flush_in_kernel is None else flush_in_kernel
   if fl is not None and (not in_kernel or
                          flush_lib.supported(cache.fmt, fl.new.shape[2], cache.head_dim) is not None):
     cache, writes = cache_lib.lower_flushes(cache, writes)  # quantized by XLA, stored as rows
