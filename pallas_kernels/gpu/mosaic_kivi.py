@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_kivi_checks as checks
-from pallas_kernels.gpu import mosaic_planes as planes
+from pallas_kernels.gpu import mosaic_kivi_window as window_lib, mosaic_planes as planes
 from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum
 from pallas_kernels.gpu.mosaic_kivi_ref import NEG, TILE, pack_keys, pack_values, reference_states, unpack_keys
 from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
@@ -244,88 +244,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       return o, m_new, l_new, cv
     return step
 
-  def window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, fetch_query, q16_smem, bar, magic):
-    """The residual window's state (o: [128, N] per 128 channels, m, l [N]): ring slot i < L % 128 holds
-    token Lq + i (key `k_res[i]`), slot i >= L % 128 token Lq - 128 + i (key row i of the quantized tile Lq / 128 - 1;
-    present iff Lq >= 128), value `v_res[i]` either way (`window_merge`'s rule). Both key sources are
-    scored for every slot and the slot's own picked: the quantized tile as the main loop's register A
-    (codes, scales and zeros loaded from global memory right where each plane is built), the ring from
-    shared memory (in parts of 64 channels) against the query split into two 16-bit terms (q = hi +
-    lo: the ring's dtype, near-f32 logits). The values, the transposed A of the second product, pass
-    through shared memory in two halves of 64 slots; the scopes reuse the quantized tiles' buffers."""
-    length = lw_g[bi]
-    rem = length % TILE
-    lq = length - rem
-    tile = jnp.maximum(lq // TILE - 1, 0)
-    gload = lambda ref, layout: plgpu.load(ref, layout=layout, optimized=False)
-    half = TILE // 2
-    rdt = k_res.dtype
-
-    def keys(kbuf, q_hi, q_lo, *q32):  # q32: the f32 query fetched again (when no resident copy)
-      if q32:
-        fetch_query(q32[0])
-      plgpu.copy_gmem_to_smem(kres_g.at[bi, ki, :, pl.ds(0, half)], kbuf, bar)
-      q = (q32[0] if q32 else q_smem)[...]
-      hi = q.astype(rdt)
-      q_hi[...] = hi
-      q_lo[...] = (q - hi.astype(jnp.float32)).astype(rdt)
-      plgpu.commit_smem()
-      with jax.named_scope("wkeys"):
-        words = word_tiles(kc_g.at[bi, ki, pl.ds(tile * TILE, TILE)], lambda r: gload(r, plgpu.Layout.WGMMA))
-        hiw = [lax.shift_right_logical(w, jnp.uint16(planes.hi_shift(bits))) for w in words]
-
-        def a(i):
-          gcol = lambda ref: (col(ref.at[bi, ki, pl.ds(tile * groups.GROUPS, groups.GROUPS)], i, TILE) if grouped else
-                              jnp.broadcast_to(gload(ref.at[bi, ki, pl.ds(tile * h + 16 * i, 16)],
-                                                     plgpu.Layout.WGMMA.reduce(0)).astype(jnp.float16)[None, :],
-                                               (TILE, 16)))
-          t, m = divmod(i, per_word)
-          return planes.plane_masked(words[t], hiw[t], m, magic, bits) * gcol(ks_g) + gcol(kz_g)
-        sc_q = mma(jnp.zeros((TILE, ROWS), jnp.float32),
-                   [(functools.partial(a, i), q16_smem.at[pl.ds(16 * i, 16)]) for i in range(h // 16)])
-        sc_r = jnp.zeros((TILE, ROWS), jnp.float32)
-        for part in range(h // half):
-          if part:
-            plgpu.copy_gmem_to_smem(kres_g.at[bi, ki, :, pl.ds(part * half, half)], kbuf, bar)
-          plgpu.barrier_wait(bar)
-          sc_r = mma(sc_r, [(functools.partial(lambda j: kbuf.at[:, pl.ds(16 * j, 16)], j),
-                             qt.at[pl.ds(part * half + 16 * j, 16)]) for j in range(half // 16) for qt in (q_hi, q_lo)])
-      return sc_q, sc_r
-    sc_q, sc_r = pl.run_scoped(keys, plgpu.SMEM((TILE, half), rdt, transforms=code_tiles),
-                               plgpu.SMEM((h, ROWS), rdt, transforms=b_tiles),
-                               plgpu.SMEM((h, ROWS), rdt, transforms=b_tiles),
-                               *(() if q_smem is not None else (plgpu.SMEM((h, ROWS), jnp.float32),)))
-    slot = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
-    from_res = slot < rem
-    token = jnp.where(from_res, lq + slot, lq - TILE + slot)
-    qpos = length - w_queries + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 1) % w_queries
-    visible = (from_res | (lq >= TILE)) & (token <= qpos)
-    if sliding is not None:
-      visible = visible & (token > qpos - sliding)
-    sc = jnp.where(from_res, sc_r, sc_q)
-    sc = jnp.where(visible, sc if softcap is None else soft_capped(sc, softcap), NEG)
-    m_w = jnp.max(sc, axis=0)
-    p = jnp.where(visible, jnp.exp2(sc - m_w[None, :]), 0.0)
-
-    def values(vbuf, pw_smem):
-      copy_half = lambda part: plgpu.copy_gmem_to_smem(vres_g.at[bi, ki, pl.ds(part * half, half)], vbuf, bar)
-      copy_half(0)
-      with jax.named_scope("wvalues"):
-        pw_smem[...] = p.astype(pw_smem.dtype)
-        plgpu.commit_smem()
-        o = (jnp.zeros((TILE, ROWS), jnp.float32),) * vh
-        for part in range(2):
-          if part:
-            copy_half(part)
-          plgpu.barrier_wait(bar)
-          vt = lambda j, u: (vbuf[pl.ds(16 * j, 16), pl.ds(TILE * u, TILE)].T if interpret  # [128 channels, 16 slots]
-                             else vbuf.at[pl.ds(16 * j, 16), pl.ds(TILE * u, TILE)].transpose((1, 0)))
-          o = tuple(mma(o_u, [(functools.partial(vt, j, u), pw_smem.at[pl.ds(part * half + 16 * j, 16)])
-                              for j in range(half // 16)]) for u, o_u in enumerate(o))
-      return o
-    o = pl.run_scoped(values, plgpu.SMEM((half, h), v_res.dtype, transforms=code_tiles),
-                      plgpu.SMEM((TILE, ROWS), v_res.dtype, transforms=b_tiles))
-    return o, m_w, jnp.sum(p, axis=0)
+  if window is not None:  # the residual window's program (`mosaic_kivi_window`)
+    wparts = window_lib.WindowParts(h, vh, bits, per_word, grouped, w_queries, softcap, sliding, interpret,
+                                    k_res.dtype, v_res.dtype, code_tiles, b_tiles, col, word_tiles, mma)
 
   def body(*refs):
     n_in = 9 + 3 * (window is not None) + (q_scale is not None)
@@ -458,8 +379,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       emit(o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :], m_f, l_f)
 
     def window_program():
-      emit(*window_state(bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, fetch_query, q16_smem, bar,
-                         magic))
+      emit(*window_lib.window_state(wparts, bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, fetch_query,
+                                    q16_smem, bar, magic))
 
     if window is None:
       tiles()
