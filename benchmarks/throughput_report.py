@@ -6,6 +6,9 @@ import json
 import os
 import re
 
+from kvjax import formats
+
+
 def write(rows, meta, out):
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out + ".tmp", "w") as fh:
@@ -32,7 +35,7 @@ def _flat(meta):
 
 def merge(paths, out):
   """Rows of the result files at `paths` joined into `out`, one per (model, format, context): the latest run's
-  (`run_order`; a failed re-run never replaces a measured row). Files from different devices (any run meta's or
+  (`run_order`; a failed re-run never replaces a measured row; rows of a name that is no format are left out). Files from different devices (any run meta's or
   row's `device`; a merged table's metas are a list) are refused: their ratios to bf16 would mix cards."""
   rows, metas, devices = {}, [], {}
   for p in sorted(paths, key=run_order):
@@ -45,6 +48,9 @@ def merge(paths, out):
       raise ValueError(f"paths: files from more than one device, {devices} (device: first file); expected one "
                        f"device per merged table")
     for r in d["rows"]:
+      if r["format"] not in formats.PRESETS:  # session 26's typo'd "fp8": a run of no format measured nothing
+        print(f"merge: {p}: left out a row of format {r['format']!r}, not a format (kvjax.formats.PRESETS)")
+        continue
       key = (r["model"], r["format"], r["context"])
       if r.get("error") and rows.get(key, {}).get("tokens_per_s"):
         continue  # a failed re-run never replaces a measured row

@@ -136,9 +136,10 @@ def test_merge_refuses_two_devices_and_summary_takes_a_failed_row(tmp_path):
     throughput_report.merge([str(tmp_path / "a_s1.json"), str(tmp_path / "b_s2.json")], str(tmp_path / "o.json"))
   merged = tmp_path / "merged.json"  # a merged table (its meta a list) merged again with a new run of its card
   throughput_report.merge([str(tmp_path / "a_s1.json")], str(merged))
-  (tmp_path / "c_s3.json").write_text(json.dumps({"meta": {"device": "NVIDIA H200"}, "rows": [row("fp8", 990.0, 19)]}))
+  (tmp_path / "c_s3.json").write_text(json.dumps({"meta": {"device": "NVIDIA H200"}, "rows": [
+      row("fp8_e4m3", 990.0, 19), {**row("fp8", None, None), "error": "unknown format"}]}))
   again = throughput_report.merge([str(merged), str(tmp_path / "c_s3.json")], str(tmp_path / "again.json"))
-  assert {r["format"]: r["tokens_per_s"] for r in again} == {"bf16": 500.0, "fp8": 990.0}
+  assert {r["format"]: r["tokens_per_s"] for r in again} == {"bf16": 500.0, "fp8_e4m3": 990.0}  # "fp8": no format
   (tmp_path / "d_s4.json").write_text(json.dumps({"meta": {}, "rows": [dict(row("int8", 900.0, 19),
                                                                              device="NVIDIA H100 80GB HBM3")]}))
   with pytest.raises(ValueError, match="more than one device"):  # a row's device counts too
