@@ -59,7 +59,6 @@ def profile_point(model_name: str, fmt_name: str, batch: int, context: int, *, s
   import throughput as tp
   from kvjax import formats
   from kvjax.models.decoder import Decoder
-  from kvjax.models.generation import generate
 
   if model_name not in tp.MODELS:
     raise ValueError(f"model must be one of {sorted(tp.MODELS)}, got {model_name!r}")
@@ -74,17 +73,11 @@ def profile_point(model_name: str, fmt_name: str, batch: int, context: int, *, s
   length = context - steps
   caches = tp.filled_caches(model, batch, cap, fmt, length, seed + 1)
   prompts = jnp.asarray(np.random.default_rng(seed).integers(1, cfg.vocab_size, (batch, 1)), jnp.int32)
-
-  def run(cs):  # the throughput rows' call: one-token prompts, then the decode loop (steps - 1 tokens)
-    out = generate(model, prompts, max_new_tokens=steps, caches=tp.with_lengths(cs, length),
-                   max_lengths=jnp.full((batch,), steps, jnp.int32), implementation=implementation)
-    jax.block_until_ready((out.tokens, out.caches))
-    return out.caches
-
-  caches = run(caches)  # compile + warm up
+  run = tp._Runner(model, prompts, caches, length, steps, implementation)  # the throughput rows' call
+  run(steps)  # compile + warm up
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d, create_perfetto_trace=True):
-      caches = run(caches)
+      run(steps)
     out = profile_step.kernel_times(profile_step._read_trace(d), steps, process, thread)
   out.update(model=model_name, format=fmt_name, batch=batch, context=context, steps=steps,
              classes=group_kernels(out["kernels"]), device=str(jax.devices()[0].device_kind),

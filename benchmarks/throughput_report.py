@@ -35,8 +35,9 @@ def _flat(meta):
 
 def merge(paths, out):
   """Rows of the result files at `paths` joined into `out`, one per (model, format, context): the latest run's
-  (`run_order`; a failed re-run never replaces a measured row; rows of a name that is no format are left out). Files from different devices (any run meta's or
-  row's `device`; a merged table's metas are a list) are refused: their ratios to bf16 would mix cards."""
+  (`run_order`; a failed re-run never replaces a measured row; rows of a name that is no format are left out).
+  Files from different devices (any run meta's or row's `device`; a merged table's metas are a list) are refused:
+  their ratios to bf16 would mix cards."""
   rows, metas, devices = {}, [], {}
   for p in sorted(paths, key=run_order):
     d = json.load(open(p))
