@@ -213,7 +213,8 @@ def flush_rows(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array]:
   b, h, n, d = k_new.shape
   r = lengths % r_len
   n_blocks = (r_len + n) // r_len  # most blocks one append can complete
-  buf = jnp.zeros((b, h, (n_blocks + 1) * r_len, d), cache.k_res.dtype)
+  # R + n rows hold the residual and the new tokens (n_blocks * R <= R + n): no padding to (n_blocks + 1) R.
+  buf = jnp.zeros((b, h, r_len + n, d), cache.k_res.dtype)
   buf = buf.at[:, :, :r_len].set(cache.k_res)
   j = jnp.arange(n)
   pos = jnp.where(j[None] < count[:, None], r[:, None] + j[None], buf.shape[2])
@@ -231,8 +232,8 @@ def flush_rows(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array]:
 
   writes = [RowWrite(f"k.{n}", (b, h, n_stored, -1, getattr(qb, n).shape[-1]), getattr(qb, n), dest)
             for n in ("codes", "scale", "zero")]
-  start = full * r_len
-  res = jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, r_len, axis=1))(buf, start)
+  start = full * r_len  # the new residual: rows [start, m) of buf, m < start + R; rows past m are masked
+  res = jax.vmap(lambda x, s: jnp.take(x, s + jnp.arange(r_len), axis=1, mode="clip"))(buf, start)
   keep = jnp.arange(r_len)[None, :] < (m - start)[:, None]
   res = jnp.where(keep[:, None, :, None], res, 0).astype(cache.k_res.dtype)
   return writes, res
