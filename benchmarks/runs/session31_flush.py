@@ -1,6 +1,8 @@
-"""Session 31, prepared for a device: `rows.flush_rows` (XLA's KIVI key flush) now builds an R + n row buffer
-instead of (n_blocks + 1) R rows (a one-token append: R + 1 rows, not 2R; session 30's HLO found a 32 MiB padded
-buffer at Gemma B=64, `decode_parts/session30/append_hlo_b64.txt`). Here the previous version (`padded_flush_rows`,
+"""Session 31, prepared for a device: `rows.flush_rows` (XLA's KIVI key flush) no longer copies the residual
+into a padded (n_blocks + 1) R row buffer (session 30's HLO: 32 MiB at Gemma B=64, written, scattered, read and
+copied back, `decode_parts/session30/append_hlo_b64.txt`): a one-token append writes the token into ``k_res``
+in place, quantizes the block from it and zeroes the rows whose block filled (`rows._flush_one`); longer appends
+use an R + n row buffer. Here the previous version (`padded_flush_rows`,
 kept below as the record of what is compared) against the new one in the same process: bit-identity over ragged
 single-token appends across a key block's end, then the append alone timed (`decode_kernels.append_only`, caches
 rotated beyond L2) with XLA's scatters and with the one-kernel writer storing XLA's flush (`flush_in_kernel=False`).
