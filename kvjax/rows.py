@@ -206,56 +206,33 @@ class KeyFlush:
   lengths: Array
 
 
-def _block_writes(cache: KVCache, blocks: Array, lengths: Array, full: Array) -> list[RowWrite]:
-  """blocks [B, K, n, R, H] (the buffer's first n R rows) quantized; block i stored at ``lengths // R + i``
-  when i < full [B], else dropped."""
-  fmt, r_len = cache.fmt, cache.fmt.residual
-  b, h, n_blocks = blocks.shape[:3]
-  start = lengths - lengths % r_len  # the buffer's first token
-  if fmt.sink:
-    blocks = _without_sinks(blocks, start, fmt.sink)
-  qb = quant.quantize(blocks.astype(jnp.float32), fmt.key, block=r_len, layout=cache.k.layout)
-  n_stored = cache.capacity // r_len
-  blk = jnp.arange(n_blocks)
-  dest = jnp.where(blk[None] < full[:, None], start[:, None] // r_len + blk[None], n_stored)
-  return [RowWrite(f"k.{n}", (b, h, n_stored, -1, getattr(qb, n).shape[-1]), getattr(qb, n), dest)
-          for n in ("codes", "scale", "zero")]
-
-
-def _flush_one(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array]:
-  """`flush_rows` of a one-token append (decode): the token goes into ``k_res`` in place, the block is
-  quantized from it, and the rows whose block filled are zeroed by a scatter; no copy of the residual is made.
-  Equal to the general path because ``k_res``'s slots from ``lengths % R`` on are zero in every cache kvjax
-  builds (`init_cache`, `append` and `prefill` keep them so)."""
-  r_len = cache.fmt.residual
-  r = f.lengths % r_len
-  k_res = _scatter_tokens(cache.k_res, f.new, jnp.where(f.count > 0, r, r_len)[:, None])
-  full = (r + f.count) // r_len  # 0 or 1
-  writes = _block_writes(cache, k_res[:, :, None], f.lengths, full)
-  b = k_res.shape[0]
-  return writes, k_res.at[jnp.where(full > 0, jnp.arange(b), b)].set(0, mode="drop")
-
-
 def flush_rows(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array]:
   """A `KeyFlush` as XLA computes it: the quantized blocks' `RowWrite`s and the new ``k_res``."""
-  r_len = cache.fmt.residual
+  fmt, r_len = cache.fmt, cache.fmt.residual
   k_new, count, lengths = f.new, f.count, f.lengths
   b, h, n, d = k_new.shape
-  if n == 1 and r_len > 1:
-    return _flush_one(cache, f)
   r = lengths % r_len
   n_blocks = (r_len + n) // r_len  # most blocks one append can complete
-  # R + n rows hold the residual and the new tokens (n_blocks * R <= R + n): no padding to (n_blocks + 1) R.
-  buf = jnp.zeros((b, h, r_len + n, d), cache.k_res.dtype)
+  buf = jnp.zeros((b, h, (n_blocks + 1) * r_len, d), cache.k_res.dtype)
   buf = buf.at[:, :, :r_len].set(cache.k_res)
   j = jnp.arange(n)
   pos = jnp.where(j[None] < count[:, None], r[:, None] + j[None], buf.shape[2])
   buf = _scatter_tokens(buf, k_new, pos)
   m = r + count
   full = m // r_len
-  writes = _block_writes(cache, buf[:, :, : n_blocks * r_len].reshape(b, h, n_blocks, r_len, d), lengths, full)
-  start = full * r_len  # the new residual: rows [start, m) of buf, m < start + R; rows past m are masked
-  res = jax.vmap(lambda x, s: jnp.take(x, s + jnp.arange(r_len), axis=1, mode="clip"))(buf, start)
+  blocks = buf[:, :, : n_blocks * r_len].reshape(b, h, n_blocks, r_len, d)
+  if fmt.sink:
+    blocks = _without_sinks(blocks, lengths - r, fmt.sink)
+  qb = quant.quantize(blocks.astype(jnp.float32), fmt.key, block=r_len, layout=cache.k.layout)
+  # Store block i at block index Lq / R + i when i < full; others dropped.
+  n_stored = cache.capacity // r_len
+  blk = jnp.arange(n_blocks)
+  dest = jnp.where(blk[None] < full[:, None], (lengths - r)[:, None] // r_len + blk[None], n_stored)
+
+  writes = [RowWrite(f"k.{n}", (b, h, n_stored, -1, getattr(qb, n).shape[-1]), getattr(qb, n), dest)
+            for n in ("codes", "scale", "zero")]
+  start = full * r_len
+  res = jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, r_len, axis=1))(buf, start)
   keep = jnp.arange(r_len)[None, :] < (m - start)[:, None]
   res = jnp.where(keep[:, None, :, None], res, 0).astype(cache.k_res.dtype)
   return writes, res

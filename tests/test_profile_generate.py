@@ -13,7 +13,8 @@ import profile_generate  # noqa: E402
 
 
 @pytest.mark.parametrize("name, cls", [("kvjax_mosaic_kivi2", "attention"), ("decode_fp8_kernel", "attention"),
-                                       ("write_rows", "append"), ("input_scatter_fusion_3", "append"),
+                                       ("write_rows", "append"), ("kvjax_append_rows", "append"),
+                                       ("input_scatter_fusion_3", "append"),
                                        ("sm90_xmma_gemm_bf16bf16_bf16f32", "matmul"), ("nvjet_tst_128x64", "matmul"),
                                        ("loop_add_fusion", "other")])
 def test_classify(name, cls):
