@@ -1,18 +1,18 @@
-"""Session 31, prepared for a device: `rows.flush_rows` (XLA's KIVI key flush) no longer copies the residual
-into a padded (n_blocks + 1) R row buffer (session 30's HLO: 32 MiB at Gemma B=64, written, scattered, read and
-copied back, `decode_parts/session30/append_hlo_b64.txt`): a one-token append writes the token into ``k_res``
-in place, quantizes the block from it and zeroes the rows whose block filled (`rows._flush_one`); longer appends
-use an R + n row buffer. Here the previous version (`padded_flush_rows`,
-kept below as the record of what is compared) against the new one in the same process: bit-identity over ragged
-single-token appends across a key block's end, then the append alone timed (`decode_kernels.append_only`, caches
-rotated beyond L2) with XLA's scatters and with the one-kernel writer storing XLA's flush (`flush_in_kernel=False`).
+"""Session 31: XLA's KIVI key flush in place against the committed one (`rows.flush_rows`, which copies the residual
+and the new tokens into a zero-padded buffer: at Gemma B=64 a 32 MiB pad, its scatter and a 16 MiB residual copy
+back, `decode_parts/session30/append_hlo_b64.txt`). `inplace_flush_rows` (below; `rows._flush_one` at commit
+7817d97) writes a one-token append's token into ``k_res`` in place, quantizes the block from it and zeroes the
+rows whose block filled. In one process: bit-identity over ragged single-token appends across a key block's end,
+then the append alone timed (`decode_kernels.append_only`, caches rotated beyond L2; "old" / "new" / "old_again":
+padded / in place / padded) with XLA's scatters and with the one-kernel writer storing XLA's flush
+(`flush_in_kernel=False`).
 
     python3 benchmarks/runs/session31_flush.py OUT.json [shape:fmt:B:context ...]
 
-Run in session 31 on an H100 at commit 9c9d9cb (`decode_parts/session31/flush_inplace.json`): bit-identical, and
-the append alone with XLA's scatters at Gemma KIVI-2 32k B=64 took 92.6 us in place against 94.8 / 93.4 padded
-(B=8: 34.0 against 30.1 / 32.5), i.e. no measurable gain, so `rows.flush_rows` went back to the padded buffer
-(at later commits both names below compute the same thing).
+Run in session 31 on an H100 at commit 9c9d9cb, where the in-place version was `rows.flush_rows` and the padded
+one a copy here (`decode_parts/session31/flush_inplace.json`): bit-identical, and the append alone with XLA's
+scatters at Gemma KIVI-2 32k B=64 took 92.6 us in place against 94.8 / 93.4 padded (B=8: 34.0 against 30.1 /
+32.5): no measurable gain, so `rows.flush_rows` stayed padded and the in-place version lives here only.
 """
 import functools
 import json
@@ -31,39 +31,33 @@ import decode_kernels as dk  # noqa: E402
 from kvjax import cache as cache_lib, formats, quant, rows  # noqa: E402
 from pallas_kernels.gpu import write  # noqa: E402
 
-NEW_FLUSH = rows.flush_rows
+PADDED_FLUSH = rows.flush_rows  # the committed flush: residual and new tokens in a zero-padded buffer
 POINTS = ("gemma2_2b:kivi2:8:32768", "gemma2_2b:kivi2:64:32768", "gemma2_2b:kivi2_g128:64:32768",
           "llama3_8b:kivi2_g128:8:32768", "llama3_8b:kivi2_g128:64:32768")
 
 
-def padded_flush_rows(cache, f):
-  """`rows.flush_rows` as of commit aa36c1a: a (n_blocks + 1) R row buffer, the residual by dynamic slice."""
+def inplace_flush_rows(cache, f):
+  """`rows.flush_rows` as commit 7817d97 had it for one-token appends (`rows._flush_one`, reverted): the token
+  into ``k_res`` in place, the block quantized from it, filled rows zeroed by a scatter. Equal to the padded
+  flush where ``k_res``'s slots from ``lengths % R`` on are zero (every cache kvjax builds); longer appends
+  take the padded flush."""
   fmt, r_len = cache.fmt, cache.fmt.residual
-  k_new, count, lengths = f.new, f.count, f.lengths
-  b, h, n, d = k_new.shape
-  r = lengths % r_len
-  n_blocks = (r_len + n) // r_len
-  buf = jnp.zeros((b, h, (n_blocks + 1) * r_len, d), cache.k_res.dtype)
-  buf = buf.at[:, :, :r_len].set(cache.k_res)
-  j = jnp.arange(n)
-  pos = jnp.where(j[None] < count[:, None], r[:, None] + j[None], buf.shape[2])
-  buf = rows._scatter_tokens(buf, k_new, pos)
-  m = r + count
-  full = m // r_len
-  blocks = buf[:, :, : n_blocks * r_len].reshape(b, h, n_blocks, r_len, d)
+  if f.new.shape[2] != 1 or r_len == 1:
+    return PADDED_FLUSH(cache, f)
+  b, h = f.new.shape[:2]
+  r = f.lengths % r_len
+  start = f.lengths - r
+  k_res = rows._scatter_tokens(cache.k_res, f.new, jnp.where(f.count > 0, r, r_len)[:, None])
+  full = (r + f.count) // r_len  # 0 or 1
+  blocks = k_res[:, :, None]
   if fmt.sink:
-    blocks = rows._without_sinks(blocks, lengths - r, fmt.sink)
+    blocks = rows._without_sinks(blocks, start, fmt.sink)
   qb = quant.quantize(blocks.astype(jnp.float32), fmt.key, block=r_len, layout=cache.k.layout)
   n_stored = cache.capacity // r_len
-  blk = jnp.arange(n_blocks)
-  dest = jnp.where(blk[None] < full[:, None], (lengths - r)[:, None] // r_len + blk[None], n_stored)
+  dest = jnp.where(full > 0, start // r_len, n_stored)[:, None]
   writes = [rows.RowWrite(f"k.{n}", (b, h, n_stored, -1, getattr(qb, n).shape[-1]), getattr(qb, n), dest)
             for n in ("codes", "scale", "zero")]
-  start = full * r_len
-  res = jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, r_len, axis=1))(buf, start)
-  keep = jnp.arange(r_len)[None, :] < (m - start)[:, None]
-  res = jnp.where(keep[:, None, :, None], res, 0).astype(cache.k_res.dtype)
-  return writes, res
+  return writes, k_res.at[jnp.where(full > 0, jnp.arange(b), b)].set(0, mode="drop")
 
 
 def with_flush(flush, fn):
@@ -73,7 +67,7 @@ def with_flush(flush, fn):
     try:
       return fn(*a, **k)
     finally:
-      rows.flush_rows = NEW_FLUSH
+      rows.flush_rows = PADDED_FLUSH
   return run
 
 
@@ -92,7 +86,7 @@ def point(spec):
       x = jax.random.normal(jax.random.PRNGKey(0), (4, k, 3 * r, h)) * jnp.linspace(0.1, 4, h)
       c = cache_lib.append(c, x, -x, jnp.asarray([0, r - 2, r - 1, 2 * r + 5]))
       res = {}
-      for tag, flush in (("old", padded_flush_rows), ("new", NEW_FLUSH)):
+      for tag, flush in (("old", PADDED_FLUSH), ("new", inplace_flush_rows)):
         step = jax.jit(with_flush(flush, lambda c_, t_: base(c_, t_, t_ * 0.25)))
         cc = c
         for i in range(3):
@@ -105,7 +99,7 @@ def point(spec):
       row.update(bit_identical=not diff, differing_leaves=diff)
       length, nb, ns, caches, q = dk.cache_sets(fmt_name, b, ctx, jax.random.PRNGKey(7))
       caches = tuple(cache_lib.with_kivi_layout(cc, "words") for cc in caches)
-      for tag, flush in (("old", padded_flush_rows), ("new", NEW_FLUSH), ("old_again", padded_flush_rows)):
+      for tag, flush in (("old", PADDED_FLUSH), ("new", inplace_flush_rows), ("old_again", PADDED_FLUSH)):
         t0 = time.perf_counter()
         app = with_flush(flush, dk.append_only(base, b, ctx, length))
         row[f"append_us_{tag}"] = dk.time_loop(app, (q, caches), 128, 5) / ns
