@@ -92,7 +92,7 @@ def fp8_caches(b, ctx, key, dtype=jnp.float8_e4m3fn):
 
   def one(kk):
     k1, k2, k3, k4 = jax.random.split(kk, 4)
-    codes = lambda x: (jax.random.normal(x, (b, kh, ctx, 128)) * 40).astype(dtype)
+    codes = lambda x: (jax.random.normal(x, (b, kh, ctx, dk.SHAPE.head_dim)) * 40).astype(dtype)
     scales = lambda x: jax.random.uniform(x, (b, kh, ctx), minval=0.002, maxval=0.03).astype(jnp.bfloat16)
     return codes(k1), scales(k2), codes(k3), scales(k4)
   c0 = one(key)
@@ -114,8 +114,9 @@ def states_fn(variant, splits, window):
       return out.reshape(b, n, 1, h)
     q_t = (q.astype(jnp.float32).reshape(b, kh, rep, h) * scale).swapaxes(-1, -2)
     q_t = jnp.pad(q_t, ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
-    if isinstance(variant, mf.Fp8Options):
-      o_t, m, l = mf.fp8_states(q_t, lengths, *cache, num_splits=splits, options=variant)
+    if isinstance(variant, mf.Fp8Options):  # "gemma": Gemma 2's soft-cap and sliding window
+      gemma = dict(softcap=50.0, sliding=4096) if window == "gemma" else {}
+      o_t, m, l = mf.fp8_states(q_t, lengths, *cache, num_splits=splits, options=variant, **gemma)
       return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
     kern_len = jnp.maximum(lengths - mk.TILE, 0) if window else lengths
     if window in ("glue", "gemma"):  # as `mosaic_decode` calls it by default: q as given, the lengths from the window's
@@ -166,8 +167,8 @@ def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16, ker
            sd((b, kh, ctx // group, h), scale_dtype), sd((b, kh, g, h, 8 * bits), jnp.uint16), sd(per_token, scale_dtype),
            sd(per_token, scale_dtype))
   if kernel == "fp8":
-    cache = (sd((b, kh, ctx, 128), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype),
-             sd((b, kh, ctx, 128), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype))
+    cache = (sd((b, kh, ctx, h), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype),
+             sd((b, kh, ctx, h), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype))
   ring = sd((b, kh, mk.TILE, h), jnp.bfloat16)
   lengths = sd((b,), jnp.int32)
   return sd((b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16), lengths, cache, (lengths, ring, ring)
@@ -198,9 +199,10 @@ def main(argv=None):
   dk.SHAPE = dk.SHAPES[args.shape]
   builds = parse_builds(args.builds)
   for name, variant, window in builds:
-    if isinstance(variant_options(variant), mf.Fp8Options) != (args.kernel == "fp8") or window and args.kernel == "fp8":
-      raise ValueError(f"--builds: {name} ({variant}{', window' if window else ''}) is not a build of --kernel "
-                       f"{args.kernel} (fp8 builds: 'name:fp8[+field=value...]', no window)")
+    if isinstance(variant_options(variant), mf.Fp8Options) != (args.kernel == "fp8") or \
+        window not in ("", "gemma") and args.kernel == "fp8":
+      raise ValueError(f"--builds: {name} ({variant}{', ' + window if window else ''}) is not a build of --kernel "
+                       f"{args.kernel} (fp8 builds: 'name:fp8[+field=value...][:gemma]')")
   b, ctx = map(int, args.point.split(":"))
   key = jax.random.PRNGKey(0)
   if args.target_config:

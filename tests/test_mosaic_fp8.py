@@ -11,24 +11,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kvjax import cache as cache_lib, formats
+from kvjax import attention, cache as cache_lib, formats
 from pallas_kernels import test_base
 from pallas_kernels.gpu import decode, mosaic_fp8 as mf, ops
 
 INTERPRET = jax.default_backend() != "gpu"
 
 
-def _case(lengths, dtype=jnp.float8_e4m3fn, scale_dtype=jnp.bfloat16, capacity=512, kv_heads=2, seed=0):
+def _case(lengths, dtype=jnp.float8_e4m3fn, scale_dtype=jnp.bfloat16, capacity=512, kv_heads=2, seed=0, head_dim=128):
   """Random FP8 codes with per-token scales as a cache holds them (values stored in 64-token tiles, as the
   kernel reads them): codes spanning the format's range, scales = |x|max / the format's max for |x|max
   around 0.5-4, so p x s_v is as small as in a real cache (e5m2: ~1e-5, fp16's subnormals without a fold)."""
   rng = np.random.default_rng(seed)
   b = len(lengths)
   fmax = float(jnp.finfo(dtype).max)
-  codes = lambda: jnp.asarray(np.clip(rng.normal(size=(b, kv_heads, capacity, 128)) * fmax / 4, -fmax, fmax),
+  codes = lambda: jnp.asarray(np.clip(rng.normal(size=(b, kv_heads, capacity, head_dim)) * fmax / 4, -fmax, fmax),
                               jnp.float32).astype(dtype)
   scales = lambda: jnp.asarray(rng.uniform(0.5, 4.0, (b, kv_heads, capacity)) / fmax, scale_dtype)
-  q_t = jnp.asarray(rng.normal(size=(b, kv_heads, 128, mf.ROWS)) * 0.13, jnp.float32)
+  q_t = jnp.asarray(rng.normal(size=(b, kv_heads, head_dim, mf.ROWS)) * 0.13, jnp.float32)
   return q_t, jnp.asarray(lengths, jnp.int32), codes(), scales(), codes(), scales()
 
 
@@ -55,6 +55,27 @@ def test_states_match_reference_in_the_interpreter(dtype, scale_dtype, lengths, 
   if splits == 1:  # one split: the same tokens, so the states themselves
     assert test_base.relative_error(l, rl) < 2e-3
     np.testing.assert_allclose(np.asarray(m)[np.asarray(rl) > 0], np.asarray(rm)[np.asarray(rl) > 0], atol=2e-3)
+
+
+@pytest.mark.parametrize("head_dim,softcap,sliding,lengths,splits,queries", [
+    (256, None, None, (512, 200), 2, 1), (256, 1.5, None, (0, 129), 4, 1), (256, 1.5, 130, (512, 300), 2, 3),
+    (128, None, 37, (384, 1), 1, 1), (128, 1.5, 200, (512, 511), 4, 1), (256, None, 300, (200, 3), 2, 1)])
+def test_gemma_head_dim_softcap_and_sliding_window(head_dim, softcap, sliding, lengths, splits, queries):
+  """Gemma 2's shape: head_dim 256 (two 128-channel value accumulators, two key loads a step), the logit
+  soft-cap (1.5: the random logits here reach ~3, so the cap bends them) and the sliding window (inside one
+  step, across steps, wider than the length; T = 3 with a window per row), against the reference."""
+  q_t, ln, k, ks, v, vs = _case(lengths, head_dim=head_dim, seed=3)
+  caps = dict(softcap=softcap, sliding=sliding)
+  o, m, l = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=splits, num_queries=queries, interpret=INTERPRET,
+                         **caps)
+  ro, rm, rl = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=splits, num_queries=queries, **caps)
+  seen = np.asarray(rl).sum(2) > 0
+  assert np.array_equal(np.asarray(l).sum(2) > 0, seen)
+  out, ref = _merged(o, m, l), _merged(ro, rm, rl)
+  assert test_base.relative_error(out, ref) < 1e-3
+  if softcap or (sliding and sliding < max(lengths)):  # the cap / window change the result: the test can fail
+    plain = _merged(*mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=splits, num_queries=queries))
+    assert test_base.relative_error(plain, ref) > 1e-2
 
 
 def _fused_case(lengths, rows, dtype=jnp.float8_e4m3fn, q_dtype=jnp.bfloat16, **kw):
@@ -257,6 +278,15 @@ def test_bad_inputs_are_refused():
     call(value_tile=48)
   with pytest.raises(ValueError, match="num_queries must be"):
     call(num_queries=17)
+  with pytest.raises(ValueError, match="softcap must be None or positive, got -1"):
+    call(softcap=-1.0)
+  with pytest.raises(ValueError, match="sliding must be None or a positive integer, got 0"):
+    call(sliding=0)
+  with pytest.raises(ValueError, match=r"q_t must be \[B, K, H, 16\] with H in \(128, 256\)"):
+    call(q_t=jnp.zeros((2, 2, 64, mf.ROWS)))
+  q256, *arrs = _case((10, 20), head_dim=256)
+  with pytest.raises(ValueError, match="key_terms .* take head_dim 128, got 256"):
+    mf.fp8_states(q256, *arrs, num_splits=1, interpret=True, options=mf.Fp8Options(key_terms=2))
   with pytest.raises(ValueError, match="stages must be"):
     mf.Fp8Options(stages=0)
   with pytest.raises(ValueError, match="merge must be one of"):
@@ -290,8 +320,6 @@ class TestMosaicFp8Decode(test_base.DecodeAttentionTestBase):
   VALUE_TILES = (0, 64)
 
   def attention(self, q, cache, **options):
-    if options.get("window") is not None:
-      pytest.skip("the Mosaic FP8 kernel has no sliding window")
     return ops.decode_attention(q, _tiled(cache), interpret=INTERPRET, mosaic_fp8=True, **options)
 
   @pytest.mark.parametrize("rep,num_kv_heads", [(1, 2), (8, 1), (16, 1)])
@@ -316,10 +344,26 @@ def test_ops_takes_a_build(monkeypatch):
     ops.decode_attention(q, c, interpret=True, mosaic_fp8="yes")
 
 
+@pytest.mark.parametrize("lengths,queries", [([0, 1, 200, 384], 1), ([3, 384], 3)])
+def test_ops_gemma_shape_matches_the_xla_reference(lengths, queries):
+  """Through `ops`: Gemma-2's head_dim 256, 2 query heads per KV head, logit soft-cap 2 (the test case's
+  outlier keys make logits beyond it) and a 130-token sliding window, against `kvjax.attention`'s."""
+  q, c = test_base.make_case("fp8_e4m3", lengths, rep=2, head_dim=256, num_queries=queries, value_tile=64)
+  for caps in (dict(logit_softcap=2.0), dict(window=130), dict(logit_softcap=2.0, window=130)):
+    ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c, **caps), np.float32)
+    out = np.asarray(ops.decode_attention(q, c, interpret=INTERPRET, mosaic_fp8=True, **caps), np.float32)
+    plain = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
+    for b, length in enumerate(lengths):
+      if length:
+        assert test_base.relative_error(out[b], ref[b]) < 1e-2, (caps, b)
+        if length > 130:
+          assert test_base.relative_error(plain[b], ref[b]) > 2e-2, (caps, b)  # the option matters here
+      else:
+        assert not out[b].any()
+
+
 def test_ops_refuses_what_the_kernel_does_not_take():
   q, c = test_base.make_case("fp8_e4m3", [5, 200], value_tile=64)
-  with pytest.raises(NotImplementedError, match="soft-cap"):
-    ops.decode_attention(q, c, interpret=True, mosaic_fp8=True, logit_softcap=5.0)
   with pytest.raises(NotImplementedError, match="tune the Triton kernels"):
     ops.decode_attention(q, c, interpret=True, mosaic_fp8=True, num_warps=4)
   with pytest.raises(NotImplementedError, match="tiles of 16-128"):
@@ -340,7 +384,7 @@ def test_ops_refuses_what_the_kernel_does_not_take():
 
 
 def test_the_default_switch_leaves_the_rest_to_triton(monkeypatch):
-  """ops.MOSAIC_FP8 on: a plain FP8 call goes to the Mosaic kernel, one with a soft-cap (which it lacks) or
+  """ops.MOSAIC_FP8 on: a plain FP8 call goes to the Mosaic kernel, and so does one with a soft-cap; one with
   a Triton option still to Triton's kernel, not to an error or XLA."""
   q, c = test_base.make_case("fp8_e4m3", [5, 200], value_tile=64)
   calls = []
@@ -351,8 +395,9 @@ def test_the_default_switch_leaves_the_rest_to_triton(monkeypatch):
   out = ops.decode_attention(q, c, interpret=True)
   assert calls == [1] and test_base.relative_error(np.asarray(out, np.float32), np.asarray(ref, np.float32)) < 1e-2
   ops.decode_attention(q, c, interpret=True, logit_softcap=5.0)
+  assert calls == [1, 1]
   ops.decode_attention(q, c, interpret=True, num_warps=4)
-  assert calls == [1]
+  assert calls == [1, 1]
 
 
 def test_default_splits_leave_four_tiles_a_split():

@@ -25,6 +25,12 @@ The splits share the live steps as `mosaic_kivi`'s balanced presets do (`mosaic_
 Per 128-token step (32 KB of codes) a thread converts 256 codes and issues 32 WGMMAs: 719 SASS instructions
 (657 with `key_perm`), ~22 per KB against the KIVI-2 kernel's 96 (`benchmarks/mosaic_sass.py --kernel fp8`,
 compiled for an H200 on the CPU).
+
+Gemma 2 (session 32): head_dim 256 (the key tile loaded 128 channels at a time, one [128, N] value accumulator
+per 128 channels), its logit soft-cap (on the log2-domain logits, `mosaic_common.soft_capped`) and sliding
+window (the splits share the steps from the first visible token, `balanced_range(start=...)`). At head_dim 256
+a 64-token step (`default_options`) keeps two programs per SM: 684 loop SASS instructions per 32 KB of codes,
+123 registers, 78 KB of shared memory (a 128-token step: 1163, 214, 144 KB, one program).
 """
 
 from __future__ import annotations
@@ -40,14 +46,16 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kvjax.formats import FP8Spec
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_epilogue as epilogue, mosaic_kivi as mk
-from pallas_kernels.gpu.mosaic_common import balanced_range, wgmma_sum
+from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum
 from pallas_kernels.gpu.mosaic_options import Fp8Options
 
-__all__ = ["TILE", "ROWS", "Fp8Options", "fp8_states", "reference_states", "supports", "decode_attention",
+__all__ = ["TILE", "ROWS", "HEAD_DIMS", "Fp8Options", "default_options", "fp8_states", "reference_states", "supports", "decode_attention",
            "splits_for", "TARGET_PROGRAMS", "split_e4m3", "fp8_attention"]
 
 TILE = 128          # tokens per pipeline step by default (`Fp8Options.tile`); capacities are multiples of it
 ROWS = mk.ROWS      # query rows (WGMMA's N), padded
+HEAD_DIMS = (128, 256)  # 256: Gemma-2's; the value accumulators and key loads are 128 channels each
+HALF = 128          # channels per value accumulator (WGMMA M = 128) and per key load
 SLAB = 16           # k columns per WGMMA (fp16)
 FP8_TYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 NEG = mk.NEG
@@ -78,30 +86,34 @@ def split_e4m3(q_t, terms: int):
 
 
 def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int = 64, num_queries: int = 1,
-               interpret: bool = False, options: Fp8Options = Fp8Options()):
+               interpret: bool = False, options: Fp8Options = Fp8Options(), softcap: float | None = None,
+               sliding: int | None = None):
   """Per-split flash-decoding states of FP8 attention with per-token scales.
 
   q_t [B, K, H, 16] f32 (queries transposed, times softmax scale x log2 e, rows padded to 16; row r is
   query token r % num_queries, at position L - num_queries + r % num_queries: causal among them);
   lengths [B] int32; k [B, K, S, H] float8_e4m3fn / float8_e5m2; ks [B, K, S] (bf16, fp16 or f32);
   v [B, K, S, H] FP8 with each `value_tile`-token tile stored as its [H, value_tile] transpose (as the
-  cache's tiled value layout); vs [B, K, S]. H = 128. Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16])
-  in f32, m and l in the log2 domain (`decode.combine` merges them)."""
+  cache's tiled value layout); vs [B, K, S]. H = 128 or 256. softcap: None, or the logits' soft-cap (`cap
+  tanh(s / cap)` of the natural-log logits, Gemma 2); sliding: None, or a window W (query row r sees the tokens
+  after its position minus W; the splits share the steps from the first token any row sees). Returns (o_t
+  [B, K, NS, H, 16], m, l [B, K, NS, 16]) in f32, m and l in the log2 domain (`decode.combine` merges them)."""
   b, kh, h, n = q_t.shape
-  if h != 128 or n != ROWS:
-    raise ValueError(f"q_t must be [B, K, 128, {ROWS}], got {q_t.shape}")
+  if h not in HEAD_DIMS or n != ROWS:
+    raise ValueError(f"q_t must be [B, K, H, {ROWS}] with H in {HEAD_DIMS}, got {q_t.shape}")
   return _run(q_t, None, lengths, k, ks, v, vs, num_splits=num_splits, value_tile=value_tile,
-              num_queries=num_queries, interpret=interpret, options=options)
+              num_queries=num_queries, interpret=interpret, options=options, softcap=softcap, sliding=sliding)
 
 
 def fp8_attention(q, scale, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int = 64,
-                  num_queries: int = 1, interpret: bool = False, options: Fp8Options = Fp8Options()):
+                  num_queries: int = 1, interpret: bool = False, options: Fp8Options = Fp8Options(),
+                  softcap: float | None = None, sliding: int | None = None):
   """FP8 attention with the query's prep and the split merge inside the kernel (`mosaic_epilogue`).
 
   q [B, K, rows, H] (any float dtype; row r is query token r % num_queries, as `fp8_states`' columns);
   scale: f32 scalar (softmax scale x log2 e); the cache arrays as `fp8_states`. num_splits: 1, or at
-  most `mosaic_epilogue.CLUSTER_MAX` (merged as `options.merge` says; "count" natively only). Needs key_terms=0.
-  Returns [B, K, rows, H] in q's dtype (zero for a row that saw no token)."""
+  most `mosaic_epilogue.CLUSTER_MAX` (merged as `options.merge` says; "count" natively only). Needs key_terms=0
+  and H = 128 (the epilogue's one accumulator). softcap, sliding: as `fp8_states`. Returns [B, K, rows, H] in q's dtype (zero for a row that saw no token)."""
   b, kh, rows, h = q.shape
   if h != 128 or not 1 <= rows <= ROWS:
     raise ValueError(f"q must be [B, K, rows <= {ROWS}, 128], got {q.shape}")
@@ -116,14 +128,15 @@ def fp8_attention(q, scale, lengths, k, ks, v, vs, *, num_splits: int, value_til
     q = q[..., jnp.array(_perm(h))]
   return _run(q, jnp.reshape(jnp.asarray(scale, jnp.float32), (1,)), lengths, k, ks, v, vs,
               num_splits=num_splits, value_tile=value_tile, num_queries=num_queries, interpret=interpret,
-              options=options)
+              options=options, softcap=softcap, sliding=sliding)
 
 
 def _perm(h):
   return [SLAB * (c // SLAB) + KEY_PERM[c % SLAB] for c in range(h)]
 
 
-def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_queries, interpret, options):
+def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_queries, interpret, options, softcap,
+         sliding):
   """The kernel: states of q_in = q_t (scale None), or merged attention of q_in = q rows x scale."""
   merged = scale is not None
   b, kh = q_in.shape[:2]
@@ -136,6 +149,13 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     raise ValueError(f"the capacity {s} must be a multiple of {tile} and num_splits >= 1, got {num_splits}")
   if not 1 <= num_queries <= ROWS:
     raise ValueError(f"num_queries must be in [1, {ROWS}], got {num_queries}")
+  if opt.key_terms and h != HALF:
+    raise ValueError(f"key_terms (8-bit key products) take head_dim {HALF}, got {h}")
+  if softcap is not None and not softcap > 0:
+    raise ValueError(f"softcap must be None or positive, got {softcap!r}")
+  if sliding is not None and (int(sliding) != sliding or sliding < 1):
+    raise ValueError(f"sliding must be None or a positive integer, got {sliding!r}")
+  vh = h // HALF  # value accumulators (and key loads) of 128 channels
   for name, arr, shape in (("k", k, (b, kh, s, h)), ("v", v, (b, kh, s, h)), ("ks", ks, (b, kh, s)),
                            ("vs", vs, (b, kh, s)), ("lengths", lengths, (b,))):
     if arr.shape != shape:
@@ -208,10 +228,13 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
       pl.run_scoped(load_q, plgpu.SMEM((h, ROWS), jnp.float32))
       key_scale = None
     length = len_g[bi]
+    lo0 = None if sliding is None else length - num_queries - sliding  # row r sees tokens > lo0 + r % T
     first, steps = balanced_range(length, si, num_splits=num_splits, tile=tile, capacity_steps=steps_cap,
-                                  min_share=opt.min_share)
+                                  min_share=opt.min_share,
+                                  start=None if lo0 is None else lax.div(jnp.maximum(lo0 + 1, 0), tile))
     col = lax.broadcasted_iota(jnp.int32, (tile, ROWS), 1)
     qpos = length - num_queries + col % num_queries  # each query row's position (causal)
+    lo = None if lo0 is None else lo0 + col % num_queries
 
     def step(idx, k_s, v_s, ks_s, vs_s, carry):
       o, m_prev, l_prev = carry
@@ -224,15 +247,18 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
                             else q_smem.at[rows_j(j)].transpose((1, 0)))
           sc = functools.reduce(jnp.add, [mma(jnp.zeros((tile, ROWS), jnp.float32), [(lambda: k_s, term(j))])
                                           for j in range(nt)])
-        else:
+        else:  # each 128 channels loaded whole (swizzled), as their 8 slabs are needed
+          chunk = lambda u: k_s if vh == 1 else k_s.at[:, pl.ds(HALF * u, HALF)]
+          a_ops = [a for u in range(vh) for a in slabs(chunk(u), HALF // SLAB, key_tiles is wide_tiles, is_key=True)]
           sc = mma(jnp.zeros((tile, ROWS), jnp.float32),
-                   list(zip(slabs(k_s, h // SLAB, key_tiles is wide_tiles, is_key=True),
-                            [q_smem.at[pl.ds(SLAB * m, SLAB)] for m in range(h // SLAB)])))
+                   list(zip(a_ops, [q_smem.at[pl.ds(SLAB * m, SLAB)] for m in range(h // SLAB)])))
       with jax.named_scope("softmax"):
         kscale = ks_s[...].astype(jnp.float32)
         sc = sc * (kscale if key_scale is None else kscale * key_scale)[:, None]
+        if softcap is not None:
+          sc = soft_capped(sc, softcap)
         tok = (first + idx[0]) * tile + lax.broadcasted_iota(jnp.int32, (tile, ROWS), 0)
-        ok = tok <= qpos
+        ok = tok <= qpos if lo is None else (tok <= qpos) & (tok > lo)
         sc = jnp.where(ok, sc, NEG)
         m_new = jnp.maximum(m_prev, jnp.max(sc, axis=0))
         alpha = jnp.exp2(m_prev - m_new)
@@ -241,18 +267,20 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
       with jax.named_scope("vprep"):
         pt_smem[...] = (p * (vs_s[...].astype(jnp.float32) * fold)[:, None]).astype(jnp.float16)
         plgpu.commit_smem()
-      with jax.named_scope("vmma"):
+      with jax.named_scope("vmma"):  # o: one [128, N] accumulator per 128 channels (M = 128 A operands)
         per = value_tile // SLAB
-        a_ops = [a for t in range(vt_per_step)
-                 for a in slabs(v_s.at[pl.ds(t * h, h)], per, value_tiles is not code_tiles)]
-        pairs = list(zip(a_ops, [pt_smem.at[pl.ds(SLAB * j, SLAB)] for j in range(tile // SLAB)]))
-        o = mma(o * alpha[None, :], pairs)
+        b_ops = [pt_smem.at[pl.ds(SLAB * j, SLAB)] for j in range(tile // SLAB)]
+        o = tuple(mma(o_u * alpha[None, :], list(zip(
+            [a for t in range(vt_per_step)
+             for a in slabs(v_s.at[pl.ds(t * h + HALF * u, HALF)], per, value_tiles is not code_tiles)], b_ops)))
+            for u, o_u in enumerate(o))
       if opt.manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
         plgpu.commit_smem()
       return o, m_new, l_new
 
     l_shape = (tile, ROWS) if opt.lazy_sums else (ROWS,)
-    init = (jnp.zeros((h, ROWS), jnp.float32), jnp.full((ROWS,), NEG, jnp.float32), jnp.zeros(l_shape, jnp.float32))
+    init = ((jnp.zeros((HALF, ROWS), jnp.float32),) * vh, jnp.full((ROWS,), NEG, jnp.float32),
+            jnp.zeros(l_shape, jnp.float32))
     pipe = plgpu.emit_pipeline(
         step, grid=(steps,), max_concurrent_steps=opt.stages, init_carry=init,
         in_specs=[plgpu.BlockSpec((tile, h), lambda t: (first + t, 0), transforms=key_tiles),
@@ -260,19 +288,20 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
                   plgpu.BlockSpec((tile,), lambda t: (first + t,)),
                   plgpu.BlockSpec((tile,), lambda t: (first + t,))])
     o, m_f, l_f = pipe(k_g.at[bi, ki], v_g.at[bi, ki], ks_g.at[bi, ki], vs_g.at[bi, ki])
-    o = o * (1.0 / fold)
+    o = tuple(o_u * (1.0 / fold) for o_u in o)
     l_f = jnp.sum(l_f, axis=0) if opt.lazy_sums else l_f
     if split_merge:
-      epilogue.merge_states(o, m_f, l_f, outs[:3], outs[3], sync, epilogue.merge_counters(opt.merge, b, kh),
+      epilogue.merge_states(o[0], m_f, l_f, outs[:3], outs[3], sync, epilogue.merge_counters(opt.merge, b, kh),
                             merge_by=opt.merge, num_splits=num_splits, interpret=interpret)
     elif merged:  # one split: normalized here
       (out_g,) = outs
-      pl.run_scoped(lambda out_smem: epilogue.store_rows(epilogue.normalize(o, l_f), out_g.at[bi, ki], out_smem,
+      pl.run_scoped(lambda out_smem: epilogue.store_rows(epilogue.normalize(o[0], l_f), out_g.at[bi, ki], out_smem,
                                                          interpret=interpret),
                     plgpu.SMEM((ROWS, h), out_g.dtype))
     else:
       o_g, m_g, l_g = outs
-      o_g[bi, ki, si] = o
+      for u, o_u in enumerate(o):
+        o_g[bi, ki, si, pl.ds(HALF * u, HALF)] = o_u
       m_g[bi, ki, si] = m_f
       l_g[bi, ki, si] = l_f
 
@@ -325,8 +354,9 @@ def _as_wgmma(x):
   return rename(x)
 
 
-@functools.partial(jax.jit, static_argnames=("num_splits", "value_tile", "num_queries"))
-def reference_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int = 64, num_queries: int = 1):
+@functools.partial(jax.jit, static_argnames=("num_splits", "value_tile", "num_queries", "softcap", "sliding"))
+def reference_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int = 64, num_queries: int = 1,
+                     softcap: float | None = None, sliding: int | None = None):
   """jnp reference of `fp8_states` in f32 (v in the tiled layout, as the kernel takes it), each split a
   fixed slice of S / num_splits tokens: merged (`decode.combine`), equal to the kernel's balanced states."""
   f32 = lambda x: x.astype(jnp.float32)
@@ -334,8 +364,14 @@ def reference_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile:
   vf = v.reshape(b, kh, s // value_tile, h, value_tile).swapaxes(-1, -2).reshape(b, kh, s, h)
   kf, vf = f32(k) * f32(ks)[..., None], f32(vf) * f32(vs)[..., None]
   sc = jnp.einsum("bksh,bkhn->bksn", kf, f32(q_t))
+  if softcap is not None:  # log2-domain logits: cap log2(e) tanh(sc / (cap log2(e)))
+    sc = softcap * decode.LOG2E * jnp.tanh(sc / (softcap * decode.LOG2E))
   qpos = lengths[:, None] - num_queries + jnp.arange(ROWS)[None, :] % num_queries  # [B, N]
-  ok = (jnp.arange(s)[None, :, None] <= qpos[:, None, :])[:, None]  # [B, 1, S, N]
+  tok = jnp.arange(s)[None, :, None]
+  ok = tok <= qpos[:, None, :]
+  if sliding is not None:
+    ok &= tok > qpos[:, None, :] - sliding
+  ok = ok[:, None]  # [B, 1, S, N]
   sc = jnp.where(ok, sc, NEG).reshape(b, kh, num_splits, s // num_splits, -1)
   m = jnp.max(sc, axis=3)
   p = jnp.where(ok.reshape(b, 1, num_splits, -1, ROWS), jnp.exp2(sc - m[:, :, :, None]), 0.0)
@@ -356,6 +392,13 @@ def splits_for(batch: int, kv_heads: int, capacity: int) -> int:
                                      large_batch=False)
 
 
+def default_options(head_dim: int) -> Fp8Options:
+  """The build `decode_attention` takes when given none: 128-token steps at head_dim 128; 64-token steps at 256,
+  where a 128-token step's 2 stages take 144 KB of shared memory (one program per SM; 64-token steps 78 KB,
+  two), compiled for an H200 on the CPU (`decode_parts/session32/sass_fp8_gemma.json`)."""
+  return Fp8Options(tile=64) if head_dim == 256 else Fp8Options()
+
+
 def supports(cache) -> str | None:
   """None when `decode_attention` takes this cache, else why not."""
   fmt = cache.fmt
@@ -366,18 +409,21 @@ def supports(cache) -> str | None:
     return f"full-precision sink tokens are not read by this kernel (sink={fmt.sink})"
   if cache.v.tile not in (16, 32, 64, 128):
     return f"values must be stored in tiles of 16-128 tokens (`init_cache(value_tile=...)`), got {cache.v.tile}"
-  if cache.head_dim != 128 or cache.capacity % TILE:
-    return f"head_dim must be 128 and the capacity a multiple of {TILE}, got {cache.head_dim}, {cache.capacity}"
+  if cache.head_dim not in HEAD_DIMS or cache.capacity % TILE:
+    return (f"head_dim must be one of {HEAD_DIMS} and the capacity a multiple of {TILE}, got {cache.head_dim}, "
+            f"{cache.capacity}")
   if cache.num_layers is not None:
     return "one layer at a time (index the stacked cache)"
   return None
 
 
 def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int | None = None,
-                     interpret: bool = False, options: Fp8Options = Fp8Options()):
+                     interpret: bool = False, options: Fp8Options | None = None,
+                     logit_softcap: float | None = None, sliding_window: int | None = None):
   """q [B, N, T, H] -> [B, N, T, H] attention over an FP8 cache (per-token scales, tiled values): T query
   tokens at positions L - T + t (causal among them), N / K x T <= 16 rows per KV head. The semantics of
-  `kvjax.attention.decode_attention` (no soft-cap, no sliding window)."""
+  `kvjax.attention.decode_attention`, its logit_softcap and window (Gemma 2's) as logit_softcap and
+  sliding_window. options: the build (None: `default_options` for the cache's head_dim)."""
   if (why := supports(cache)) is not None:
     raise ValueError(f"cache: {why}")
   kh = cache.num_kv_heads
@@ -387,30 +433,34 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
                      f"and N / {kh} x T <= {ROWS} query rows per KV head, got {q.shape}")
   if num_splits is None:
     num_splits = splits_for(cache.batch, kh, cache.capacity)
+  options = default_options(cache.head_dim) if options is None else options
   scale = (cache.head_dim ** -0.5 if sm_scale is None else sm_scale) * decode.LOG2E
   return _decode(q, cache, jnp.asarray(scale, jnp.float32), num_splits=num_splits, interpret=interpret,
-                 options=options)
+                 options=options, softcap=None if logit_softcap is None else float(logit_softcap),
+                 sliding=None if sliding_window is None else int(sliding_window))
 
 
-def fused_call(options: Fp8Options, num_splits: int) -> bool:
+def fused_call(options: Fp8Options, num_splits: int, head_dim: int = HALF) -> bool:
   """Whether `decode_attention` runs `fp8_attention` (the glue in the kernel) for this build and splits."""
-  return options.fused and not options.key_terms and (num_splits == 1 or epilogue.cluster_merge_ok(num_splits))
+  return (options.fused and not options.key_terms and head_dim == HALF
+          and (num_splits == 1 or epilogue.cluster_merge_ok(num_splits)))
 
 
-@functools.partial(jax.jit, static_argnames=("num_splits", "interpret", "options"))
-def _decode(q, cache, scale, *, num_splits, interpret, options):
+@functools.partial(jax.jit, static_argnames=("num_splits", "interpret", "options", "softcap", "sliding"))
+def _decode(q, cache, scale, *, num_splits, interpret, options, softcap, sliding):
   b, n, t, h = q.shape
   kh = cache.num_kv_heads
   rows = n // kh * t  # head-major, then token
   per_token = lambda x: x.reshape(b, kh, cache.capacity)  # [B, K, S, 1] -> [B, K, S]: free
   arrays = (cache.lengths, cache.k.codes, per_token(cache.k.scale), cache.v.codes, per_token(cache.v.scale))
-  if fused_call(options, num_splits):
+  caps = dict(softcap=softcap, sliding=sliding)
+  if fused_call(options, num_splits, h):
     out = fp8_attention(q.reshape(b, kh, rows, h), scale, *arrays, num_splits=num_splits, value_tile=cache.v.tile,
-                        num_queries=t, interpret=interpret, options=options)
+                        num_queries=t, interpret=interpret, options=options, **caps)
     return out.reshape(b, n, t, h)
   qs = q.astype(jnp.float32).reshape(b, kh, rows, h) * scale
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, ROWS - rows)))
   o_t, m, l = fp8_states(q_t, *arrays, num_splits=num_splits, value_tile=cache.v.tile, num_queries=t,
-                         interpret=interpret, options=options)
+                         interpret=interpret, options=options, **caps)
   out = decode.combine(o_t.swapaxes(-1, -2), m, l, rows)
   return out.reshape(b, n, t, h).astype(q.dtype)

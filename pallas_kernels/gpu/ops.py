@@ -304,14 +304,12 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 MOSAIC_FP8 = False
 
 
-def _mosaic_refusals(q, cache, softcap, window, triton_options, kernel):
+def _mosaic_refusals(q, cache, triton_options, kernel):
   """NotImplementedError (so `dispatch` falls back) for what neither Mosaic kernel takes: Triton-kernel
-  options, a logit soft-cap or sliding window, more than 16 query rows (heads per KV head x tokens)."""
+  options, more than 16 query rows (heads per KV head x tokens)."""
   set_opts = sorted(k for k, v in triton_options.items() if v is not None)
   if set_opts:
     raise NotImplementedError(f"pallas_gpu: options {set_opts} tune the Triton kernels, not {kernel}")
-  if softcap or window is not None:
-    raise NotImplementedError(f"pallas_gpu: {kernel} has no logit soft-cap or sliding window")
   b, n, t, h = q.shape
   if n // cache.num_kv_heads * t > mosaic_kivi.ROWS:
     raise NotImplementedError(f"pallas_gpu: {kernel} takes at most {mosaic_kivi.ROWS} query rows (heads per KV "
@@ -323,12 +321,12 @@ def _mosaic_fp8_attention(q, cache, sm_scale, softcap, window, interpret, num_sp
   NotImplementedError otherwise."""
   if (why := mfp8.supports(cache)) is not None:
     raise NotImplementedError(f"pallas_gpu: mosaic_fp8: {why}")
-  _mosaic_refusals(q, cache, softcap, window, triton_options, "the Mosaic FP8 kernel")
+  _mosaic_refusals(q, cache, triton_options, "the Mosaic FP8 kernel")
   if options.tile % cache.v.tile:
     raise NotImplementedError(f"pallas_gpu: Fp8Options(tile={options.tile}) steps over whole value tiles; the "
                               f"cache's are {cache.v.tile} tokens")
   return mfp8.decode_attention(q, cache, sm_scale=sm_scale, num_splits=num_splits, interpret=interpret,
-                               options=options)
+                               options=options, logit_softcap=softcap or None, sliding_window=window)
 
 
 def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits, mosaic_window,
@@ -340,7 +338,7 @@ def _mosaic_attention(q, cache, sm_scale, softcap, window, interpret, num_splits
   if (why := mosaic_decode.supports(cache)) is not None:
     raise NotImplementedError(f"pallas_gpu: 'words' KIVI cache: {why}")
   kernel = "the Mosaic KIVI kernel a 'words' cache goes to"
-  _mosaic_refusals(q, cache, None, None, triton_options, kernel)
+  _mosaic_refusals(q, cache, triton_options, kernel)
   if (softcap or window is not None) and mosaic_decode.resolved_window(cache, mosaic_window) != "kernel":
     raise NotImplementedError(f"pallas_gpu: {kernel} applies a soft-cap or sliding window with the residual window "
                               f"in the kernel, not {mosaic_window!r}")
@@ -384,15 +382,15 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
                         narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop, prefetch=prefetch,
                         packed_unpack=packed_unpack, fold_value_scales=fold_value_scales)
   # MOSAIC_FP8 as the default takes only what the Mosaic kernel does; the rest stays with Triton's
-  by_default = (mosaic_fp8 is None and MOSAIC_FP8 and mfp8.supports(cache) is None and not logit_softcap
-                and window is None and rows <= mfp8.ROWS and mosaic_window is None
+  by_default = (mosaic_fp8 is None and MOSAIC_FP8 and mfp8.supports(cache) is None
+                and rows <= mfp8.ROWS and mosaic_window is None
                 and all(v is None for v in (*triton_options.values(), pallas_merge)))
   if mosaic_fp8 or by_default:
     if mosaic_window is not None:
       raise NotImplementedError(f"pallas_gpu: mosaic_window={mosaic_window!r} applies to 'words' KIVI-2 caches")
     if not isinstance(mosaic_fp8, (bool, mfp8.Fp8Options, type(None))):
       raise ValueError(f"mosaic_fp8 must be None, a bool or an Fp8Options, got {mosaic_fp8!r}")
-    build = mosaic_fp8 if isinstance(mosaic_fp8, mfp8.Fp8Options) else mfp8.Fp8Options()
+    build = mosaic_fp8 if isinstance(mosaic_fp8, mfp8.Fp8Options) else mfp8.default_options(cache.head_dim)
     return _mosaic_fp8_attention(q, cache, sm_scale, logit_softcap, window, interpret, num_splits,
                                  {**triton_options, "pallas_merge": pallas_merge}, build)
   if cache.k.layout == "words":  # the Mosaic KIVI-2 kernel's code layout (cache.default_kivi_layout)
