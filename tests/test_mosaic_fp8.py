@@ -400,6 +400,23 @@ def test_the_default_switch_leaves_the_rest_to_triton(monkeypatch):
   assert calls == [1, 1]
 
 
+def test_the_head_dim_switch_takes_gemma_shapes_only(monkeypatch):
+  """ops.MOSAIC_FP8_HEAD_DIMS = (256,): a head_dim-256 FP8 call (soft-capped, windowed) goes to the Mosaic kernel
+  with the 64-token build, a head_dim-128 one stays with Triton's."""
+  builds = []
+  real = mf.decode_attention
+  monkeypatch.setattr(mf, "decode_attention", lambda *a, **k: builds.append(k["options"]) or real(*a, **k))
+  monkeypatch.setattr(ops, "MOSAIC_FP8_HEAD_DIMS", (256,))
+  q, c = test_base.make_case("fp8_e4m3", [5, 200], rep=2, head_dim=256, value_tile=64)
+  out = ops.decode_attention(q, c, interpret=True, logit_softcap=2.0, window=100)
+  ref = attention.decode_attention(q.astype(jnp.float32), c, logit_softcap=2.0, window=100)
+  assert builds == [mf.Fp8Options(tile=64)] and mf.default_options(128) == mf.Fp8Options()
+  assert test_base.relative_error(np.asarray(out, np.float32), np.asarray(ref, np.float32)) < 1e-2
+  q1, c1 = test_base.make_case("fp8_e4m3", [5, 200], value_tile=64)
+  ops.decode_attention(q1, c1, interpret=True)
+  assert len(builds) == 1
+
+
 def test_default_splits_leave_four_tiles_a_split():
   assert mf.splits_for(8, 8, 32768) == 4    # 264 programs: one wave at 2 per SM
   assert mf.splits_for(1, 8, 32768) == 32   # capped by mosaic_decode.MAX_SPLITS

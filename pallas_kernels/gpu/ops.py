@@ -302,6 +302,9 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 # kernel, not past it (B=8 32k 148.1 us over the cache's 64-token value tiles, 138.6 over 128-token tiles,
 # Triton 138.7-140.5), so the Triton kernel stays the default (`mosaic_fp8=True` asks for it).
 MOSAIC_FP8 = False
+# Head dims whose FP8 caches go to the Mosaic kernel by default (MOSAIC_FP8 aside); session 32 gave it Gemma-2's 256
+# with the soft-cap and sliding window (Triton's kernel read 2.44 TB/s there on the H100, session 31).
+MOSAIC_FP8_HEAD_DIMS: tuple[int, ...] = ()
 
 
 def _mosaic_refusals(q, cache, triton_options, kernel):
@@ -382,7 +385,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
                         narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop, prefetch=prefetch,
                         packed_unpack=packed_unpack, fold_value_scales=fold_value_scales)
   # MOSAIC_FP8 as the default takes only what the Mosaic kernel does; the rest stays with Triton's
-  by_default = (mosaic_fp8 is None and MOSAIC_FP8 and mfp8.supports(cache) is None
+  by_default = (mosaic_fp8 is None and (MOSAIC_FP8 or cache.head_dim in MOSAIC_FP8_HEAD_DIMS)
+                and mfp8.supports(cache) is None
                 and rows <= mfp8.ROWS and mosaic_window is None
                 and all(v is None for v in (*triton_options.values(), pallas_merge)))
   if mosaic_fp8 or by_default:
