@@ -400,13 +400,14 @@ def test_the_default_switch_leaves_the_rest_to_triton(monkeypatch):
   assert calls == [1, 1]
 
 
-def test_the_head_dim_switch_takes_gemma_shapes_only(monkeypatch):
-  """ops.MOSAIC_FP8_HEAD_DIMS = (256,): a head_dim-256 FP8 call (soft-capped, windowed) goes to the Mosaic kernel
-  with the 64-token build, a head_dim-128 one stays with Triton's."""
+def test_the_capacity_switch_takes_long_gemma_caches_only(monkeypatch):
+  """ops.MOSAIC_FP8_MIN_CAPACITY (here {256: 384}): a head_dim-256 FP8 cache of that capacity (soft-capped,
+  windowed) goes to the Mosaic kernel with the 64-token build; a shorter one, or a head_dim-128 one, stays with
+  Triton's."""
   builds = []
   real = mf.decode_attention
   monkeypatch.setattr(mf, "decode_attention", lambda *a, **k: builds.append(k["options"]) or real(*a, **k))
-  monkeypatch.setattr(ops, "MOSAIC_FP8_HEAD_DIMS", (256,))
+  monkeypatch.setattr(ops, "MOSAIC_FP8_MIN_CAPACITY", {256: test_base.CAPACITY})
   q, c = test_base.make_case("fp8_e4m3", [5, 200], rep=2, head_dim=256, value_tile=64)
   out = ops.decode_attention(q, c, interpret=True, logit_softcap=2.0, window=100)
   ref = attention.decode_attention(q.astype(jnp.float32), c, logit_softcap=2.0, window=100)
@@ -414,6 +415,8 @@ def test_the_head_dim_switch_takes_gemma_shapes_only(monkeypatch):
   assert test_base.relative_error(np.asarray(out, np.float32), np.asarray(ref, np.float32)) < 1e-2
   q1, c1 = test_base.make_case("fp8_e4m3", [5, 200], value_tile=64)
   ops.decode_attention(q1, c1, interpret=True)
+  monkeypatch.setattr(ops, "MOSAIC_FP8_MIN_CAPACITY", {256: test_base.CAPACITY + 128})
+  ops.decode_attention(q, c, interpret=True, logit_softcap=2.0, window=100)
   assert len(builds) == 1
 
 

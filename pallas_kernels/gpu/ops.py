@@ -302,9 +302,11 @@ def backend_call(q, cache: KVCache, plan, *, interpret=False, num_warps=4, num_s
 # kernel, not past it (B=8 32k 148.1 us over the cache's 64-token value tiles, 138.6 over 128-token tiles,
 # Triton 138.7-140.5), so the Triton kernel stays the default (`mosaic_fp8=True` asks for it).
 MOSAIC_FP8 = False
-# Head dims whose FP8 caches go to the Mosaic kernel by default (MOSAIC_FP8 aside); session 32 gave it Gemma-2's 256
-# with the soft-cap and sliding window (Triton's kernel read 2.44 TB/s there on the H100, session 31).
-MOSAIC_FP8_HEAD_DIMS: tuple[int, ...] = ()
+# FP8 caches that go to the Mosaic kernel by default (MOSAIC_FP8 aside): head_dim -> the least capacity. Session 32
+# gave it Gemma-2's 256 with the soft-cap and sliding window; on an H100 (`decode_parts/session32/`), the attention
+# alone, us, Triton's kernel -> Mosaic's 64-token build: B=24 32k 688.3 -> 596.8 (4096-token window 95.7 -> 87.1),
+# B=1 32k 60.8 -> 36.0; but B=195 4k 517.7 -> 545.4 and B=1 4k 14.3 -> 19.6 (Triton's at 0.99 of the stream).
+MOSAIC_FP8_MIN_CAPACITY: dict[int, int] = {256: 16384}
 
 
 def _mosaic_refusals(q, cache, triton_options, kernel):
@@ -385,7 +387,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
                         narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop, prefetch=prefetch,
                         packed_unpack=packed_unpack, fold_value_scales=fold_value_scales)
   # MOSAIC_FP8 as the default takes only what the Mosaic kernel does; the rest stays with Triton's
-  by_default = (mosaic_fp8 is None and (MOSAIC_FP8 or cache.head_dim in MOSAIC_FP8_HEAD_DIMS)
+  by_default = (mosaic_fp8 is None
+                and (MOSAIC_FP8 or cache.capacity >= MOSAIC_FP8_MIN_CAPACITY.get(cache.head_dim, 1 << 62))
                 and mfp8.supports(cache) is None
                 and rows <= mfp8.ROWS and mosaic_window is None
                 and all(v is None for v in (*triton_options.values(), pallas_merge)))

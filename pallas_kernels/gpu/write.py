@@ -90,8 +90,10 @@ NATIVE_WORDS4_MAX_TOKENS = 16
 # with XLA quantizing its key blocks (`IN_KERNEL_FLUSH_SLOW`): bit-identical (`pytest_writer_h256.txt`); a Gemma-2-2B
 # KIVI-2 32k decode step (`decode_gemma_g32_step.json`) takes 185.1 us against 192.6 with XLA's scatters at B=8
 # (the append alone 25.1 against 29.0) but 1205.8 against 1182.4 at B=64 (124.6 against 96.8), and issue 7's Gemma
-# KIVI-2 32k row at B=64 ran 3% slower with it: larger batches take the XLA scatters.
-NATIVE_WIDE_WORDS_GROUPS = {128: None, 32: 8}
+# KIVI-2 32k row at B=64 ran 3% slower with it: larger batches take the XLA scatters. Session 32 (H100,
+# `decode_parts/session32/decode_gemma_g32_writer.json`), the step with XLA's scatters / the writer: B=16 334.3 /
+# 328.2 us, B=32 616.7 / 629.6, B=64 1168.6 / 1191.7: the writer up to 16.
+NATIVE_WIDE_WORDS_GROUPS = {128: None, 32: 16}
 # (key group, head_dim) whose in-kernel key flush is too slow to compile (session 29: 47.2 s for an H200 on the
 # CPU against 1.3 s without, `decode_parts/session29/writer_aot_cpu.txt`; session 30: no native compile in 100 s):
 # XLA quantizes their key blocks by default.
