@@ -49,15 +49,16 @@ def group_kernels(kernels: dict) -> dict:
 
 
 @functools.cache
-def _warm_profiler() -> None:
-  """One throwaway trace per process. Session 31 (H100, `decode_parts/session31/profile_generate_gemma.json`):
-  the first point's trace (bf16) held only copies and a broadcast (5.5 us busy in a 15 ms span, none of its
-  kernels), the second (FP8) all of them; the first trace of a process missed the device's activity."""
+def _throwaway_trace(run, steps: int) -> None:
+  """The point's own run traced once and dropped. Session 31 (H100, `decode_parts/session31/`): the first point's
+  trace held only copies and a broadcast (5.5 us busy in a 15 ms span, none of its kernels), the second all of
+  them. A throwaway trace of a trivial program first did not help (session 32, `decode_parts/session32/
+  profile_generate_gemma_bf16_kivi2.json`: the first point empty again); a throwaway point did
+  (`profile_generate_gemma_fp8_mosaic.json`, whose first point is bf16 B=1 4k)."""
   import jax
-  import jax.numpy as jnp
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d):
-      jax.block_until_ready(jax.jit(lambda x: x * 2 + 1)(jnp.ones((1024,))))
+      run(steps)
 
 
 def profile_point(model_name: str, fmt_name: str, batch: int, context: int, *, steps: int = 16,
@@ -88,7 +89,7 @@ def profile_point(model_name: str, fmt_name: str, batch: int, context: int, *, s
   prompts = jnp.asarray(np.random.default_rng(seed).integers(1, cfg.vocab_size, (batch, 1)), jnp.int32)
   run = tp._Runner(model, prompts, caches, length, steps, implementation)  # the throughput rows' call
   run(steps)  # compile + warm up
-  _warm_profiler()
+  _throwaway_trace(run, steps)
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d, create_perfetto_trace=True):
       run(steps)

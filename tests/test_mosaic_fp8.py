@@ -418,6 +418,12 @@ def test_the_capacity_switch_takes_long_gemma_caches_only(monkeypatch):
   monkeypatch.setattr(ops, "MOSAIC_FP8_MIN_CAPACITY", {256: test_base.CAPACITY + 128})
   ops.decode_attention(q, c, interpret=True, logit_softcap=2.0, window=100)
   assert len(builds) == 1
+  # 128-token value tiles: not whole tiles of the default 64-token step, so Triton's kernel, not XLA's fallback
+  monkeypatch.setattr(ops, "MOSAIC_FP8_MIN_CAPACITY", {256: test_base.CAPACITY})
+  c128 = cache_lib.with_value_tile(c, 128)
+  out128 = ops.decode_attention(q, c128, interpret=True, logit_softcap=2.0, window=100)
+  assert len(builds) == 1
+  assert test_base.relative_error(np.asarray(out128, np.float32), np.asarray(ref, np.float32)) < 1e-2
 
 
 def test_default_splits_leave_four_tiles_a_split():

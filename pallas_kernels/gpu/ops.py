@@ -368,8 +368,9 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   mosaic_window: on a "words" KIVI-2 cache, where the residual window's state is computed
   (`mosaic_decode.WINDOWS`; None: `mosaic_decode.DEFAULT_WINDOW`, or "xla" with pallas_merge=False).
   mosaic_fp8: an FP8 cache (per-token scales, values in tiles) through the Mosaic GPU kernel (`mosaic_fp8`)
-  instead of Triton's: True, or a `mosaic_fp8.Fp8Options` (its build); None: MOSAIC_FP8. Other caches:
-  NotImplementedError if set."""
+  instead of Triton's: True (the build `mosaic_fp8.default_options` picks for the head_dim), or a
+  `mosaic_fp8.Fp8Options`; None: MOSAIC_FP8, or the cache's capacity against MOSAIC_FP8_MIN_CAPACITY (head_dim
+  256 from 16k tokens). False: Triton's. Other caches: NotImplementedError if set."""
   if window is not None and (int(window) != window or window < 1):
     raise ValueError(f"window must be a positive integer or None, got {window!r}")
   if cache.num_layers is not None:
@@ -389,7 +390,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   # MOSAIC_FP8 as the default takes only what the Mosaic kernel does; the rest stays with Triton's
   by_default = (mosaic_fp8 is None
                 and (MOSAIC_FP8 or cache.capacity >= MOSAIC_FP8_MIN_CAPACITY.get(cache.head_dim, 1 << 62))
-                and mfp8.supports(cache) is None
+                and mfp8.supports(cache) is None and mfp8.default_options(cache.head_dim).tile % cache.v.tile == 0
                 and rows <= mfp8.ROWS and mosaic_window is None
                 and all(v is None for v in (*triton_options.values(), pallas_merge)))
   if mosaic_fp8 or by_default:
