@@ -92,7 +92,7 @@ def fp8_caches(b, ctx, key, dtype=jnp.float8_e4m3fn):
 
   def one(kk):
     k1, k2, k3, k4 = jax.random.split(kk, 4)
-    codes = lambda x: (jax.random.normal(x, (b, kh, ctx, dk.SHAPE.head_dim)) * 40).astype(dtype)
+    codes = lambda x: jnp.clip(jax.random.normal(x, (b, kh, ctx, dk.SHAPE.head_dim)) * 40, -127, 127).astype(dtype)
     scales = lambda x: jax.random.uniform(x, (b, kh, ctx), minval=0.002, maxval=0.03).astype(jnp.bfloat16)
     return codes(k1), scales(k2), codes(k3), scales(k4)
   c0 = one(key)
@@ -154,7 +154,8 @@ def read_dumps(d):
   return out
 
 
-def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16, kernel="kivi2", group=128, bits=2):
+def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16, kernel="kivi2", group=128, bits=2,
+             codes=jnp.float8_e4m3fn):
   """(q, lengths, cache, window) as shapes on one compile-only H200 of `target_config` (a GpuTargetConfig
   text proto): compiling for it needs no GPU, only the CUDA plugin and ptxas (CUDA_ROOT)."""
   from jax.experimental import topologies
@@ -167,8 +168,8 @@ def aot_args(target_config: str, b: int, ctx: int, scale_dtype=jnp.bfloat16, ker
            sd((b, kh, ctx // group, h), scale_dtype), sd((b, kh, g, h, 8 * bits), jnp.uint16), sd(per_token, scale_dtype),
            sd(per_token, scale_dtype))
   if kernel == "fp8":
-    cache = (sd((b, kh, ctx, h), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype),
-             sd((b, kh, ctx, h), jnp.float8_e4m3fn), sd((b, kh, ctx), scale_dtype))
+    cache = (sd((b, kh, ctx, h), codes), sd((b, kh, ctx), scale_dtype), sd((b, kh, ctx, h), codes),
+             sd((b, kh, ctx), scale_dtype))
   ring = sd((b, kh, mk.TILE, h), jnp.bfloat16)
   lengths = sd((b,), jnp.int32)
   return sd((b, dk.SHAPE.n_heads, 1, dk.SHAPE.head_dim), jnp.bfloat16), lengths, cache, (lengths, ring, ring)
@@ -190,6 +191,8 @@ def main(argv=None):
   ap.add_argument("--scale-dtype", default="bfloat16", choices=("bfloat16", "float16"),
                   help="the caches' scales and zeros (a kvjax cache holds bf16 by default)")
   ap.add_argument("--kernel", default="kivi2", choices=("kivi2", "fp8"), help="which Mosaic kernel's builds")
+  ap.add_argument("--codes", default="float8_e4m3fn", choices=("float8_e4m3fn", "float8_e5m2", "int8"),
+                  help="the code dtype of --kernel fp8's caches (int8: an INT8 cache)")
   ap.add_argument("--group", type=int, default=128, choices=(128, 32), help="KIVI's group size G (--kernel kivi2)")
   ap.add_argument("--bits", type=int, default=2, choices=(2, 4), help="KIVI's code width (--kernel kivi2)")
   ap.add_argument("--shape", default="llama3_8b", choices=tuple(dk.SHAPES),
@@ -207,10 +210,10 @@ def main(argv=None):
   key = jax.random.PRNGKey(0)
   if args.target_config:
     q, lengths, cache, win = aot_args(args.target_config, b, ctx, jnp.dtype(args.scale_dtype), args.kernel, args.group,
-                                      args.bits)
+                                      args.bits, jnp.dtype(args.codes))
   else:
     if args.kernel == "fp8":
-      caches, nbytes, lengths = fp8_caches(b, ctx, key)
+      caches, nbytes, lengths = fp8_caches(b, ctx, key, jnp.dtype(args.codes))
     else:
       caches, nbytes, lengths = caches_for(b, ctx, key, jnp.dtype(args.scale_dtype), group=args.group, bits=args.bits)
     cache = caches[0]

@@ -24,8 +24,9 @@ def _case(lengths, dtype=jnp.float8_e4m3fn, scale_dtype=jnp.bfloat16, capacity=5
   around 0.5-4, so p x s_v is as small as in a real cache (e5m2: ~1e-5, fp16's subnormals without a fold)."""
   rng = np.random.default_rng(seed)
   b = len(lengths)
-  fmax = float(jnp.finfo(dtype).max)
-  codes = lambda: jnp.asarray(np.clip(rng.normal(size=(b, kv_heads, capacity, head_dim)) * fmax / 4, -fmax, fmax),
+  fmax = 127.0 if dtype == jnp.int8 else float(jnp.finfo(dtype).max)  # INT8: symmetric codes in [-127, 127]
+  whole = np.round if dtype == jnp.int8 else (lambda x: x)
+  codes = lambda: jnp.asarray(whole(np.clip(rng.normal(size=(b, kv_heads, capacity, head_dim)) * fmax / 4, -fmax, fmax)),
                               jnp.float32).astype(dtype)
   scales = lambda: jnp.asarray(rng.uniform(0.5, 4.0, (b, kv_heads, capacity)) / fmax, scale_dtype)
   q_t = jnp.asarray(rng.normal(size=(b, kv_heads, head_dim, mf.ROWS)) * 0.13, jnp.float32)
@@ -37,8 +38,9 @@ def _merged(o, m, l):
 
 
 @pytest.mark.parametrize("dtype,scale_dtype", [(jnp.float8_e4m3fn, jnp.bfloat16), (jnp.float8_e4m3fn, jnp.float16),
-                                               (jnp.float8_e4m3fn, jnp.float32), (jnp.float8_e5m2, jnp.bfloat16)],
-                         ids=["e4m3-bf16", "e4m3-f16", "e4m3-f32", "e5m2-bf16"])
+                                               (jnp.float8_e4m3fn, jnp.float32), (jnp.float8_e5m2, jnp.bfloat16),
+                                               (jnp.int8, jnp.bfloat16)],
+                         ids=["e4m3-bf16", "e4m3-f16", "e4m3-f32", "e5m2-bf16", "int8-bf16"])
 @pytest.mark.parametrize("lengths,splits,queries", [((512, 200), 2, 1), ((0, 129), 4, 1), ((384, 1), 1, 1),
                                                     ((300, 3), 2, 3)])
 def test_states_match_reference_in_the_interpreter(dtype, scale_dtype, lengths, splits, queries):
@@ -185,6 +187,14 @@ def test_8bit_key_products(dtype, terms):
     assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
 
 
+def test_int8_codes_refuse_key_terms():
+  q_t, ln, k, ks, v, vs = _case((10, 20), jnp.int8)
+  with pytest.raises(ValueError, match="key_terms .* take FP8 keys, got int8"):
+    mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=1, interpret=True, options=mf.Fp8Options(key_terms=2))
+  with pytest.raises(ValueError, match="k must be float8_e4m3fn, float8_e5m2 or int8, got int16"):
+    mf.fp8_states(q_t, ln, k.astype(jnp.int16), ks, v, vs, num_splits=1, interpret=True)
+
+
 def test_split_e4m3_terms_sum_to_the_query():
   """Each term rounds what the earlier ones left: 2 terms hold q to ~2^-8 of its largest value per (b, k),
   3 to ~2^-12; a zero query stays zero (no log2 of 0)."""
@@ -231,13 +241,15 @@ def test_key_perm_is_the_registers_renaming():
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
-@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int8], ids=["e4m3", "e5m2", "int8"])
 @pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64), mf.Fp8Options(key_terms=3),
                                    mf.Fp8Options(key_perm=True), mf.Fp8Options(swizzle=False),
                                    mf.Fp8Options(upcast_layout=True)], ids=str)
 def test_states_match_reference_natively(dtype, build):
   """The compiled kernel == the reference (`benchmarks/runs/session18_a.sh`): ragged lengths, an empty
   sequence, one token, a split past the length, several query tokens."""
+  if build.key_terms and dtype == jnp.int8:
+    pytest.skip("key_terms multiply FP8 keys (refused for int8: test_int8_codes_refuse_key_terms)")
   q_t, ln, k, ks, v, vs = _case((512, 0, 1, 200), dtype)
   for queries in (1, 3):
     out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries, options=build)
@@ -315,7 +327,7 @@ class TestMosaicFp8Decode(test_base.DecodeAttentionTestBase):
   """Through `ops.decode_attention(mosaic_fp8=True)`: the shared cases (lengths 0, 1, full, ragged; T = 1
   and 3; GQA shapes; values token-major converted to tiles, or stored in tiles)."""
 
-  FORMATS = ("fp8_e4m3", "fp8_e5m2")
+  FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8")
   NUM_QUERIES = (1, 3)
   VALUE_TILES = (0, 64)
 
@@ -368,9 +380,9 @@ def test_ops_refuses_what_the_kernel_does_not_take():
     ops.decode_attention(q, c, interpret=True, mosaic_fp8=True, num_warps=4)
   with pytest.raises(NotImplementedError, match="tiles of 16-128"):
     ops.decode_attention(q, cache_lib.with_value_tile(c, 0), interpret=True, mosaic_fp8=True)
-  q8, c8 = test_base.make_case("int8", [5, 200])
-  with pytest.raises(NotImplementedError, match="FP8 with per-token"):
-    ops.decode_attention(q8, c8, interpret=True, mosaic_fp8=True)
+  q4, c4 = test_base.make_case("int4", [5, 200])
+  with pytest.raises(NotImplementedError, match="FP8 with per-token scales or INT8, got IntSpec\\(bits=4"):
+    ops.decode_attention(q4, c4, interpret=True, mosaic_fp8=True)
   q_wide = jnp.zeros((2, 2 * 17, 1, 128), jnp.bfloat16)
   with pytest.raises(NotImplementedError, match="at most 16 query rows"):
     ops.decode_attention(q_wide, c, interpret=True, mosaic_fp8=True)

@@ -31,6 +31,10 @@ per 128 channels), its logit soft-cap (on the log2-domain logits, `mosaic_common
 window (the splits share the steps from the first visible token, `balanced_range(start=...)`). At head_dim 256
 a 64-token step (`default_options`) keeps two programs per SM: 684 loop SASS instructions per 32 KB of codes,
 123 registers, 78 KB of shared memory (a 128-token step: 1163, 214, 144 KB, one program).
+
+INT8 caches (symmetric codes, per-token scales: the same layout) run the same kernel, the codes converted exactly
+to fp16 (session 32; interpreted and compiled only: Mosaic's int8 conversion makes 1485 loop instructions a
+128-token tile against FP8's 719, `decode_parts/session32/sass_int8.json`). `ops` takes it for INT8 only when asked.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kvjax.formats import FP8Spec
+from kvjax.formats import FP8Spec, IntSpec
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_epilogue as epilogue, mosaic_kivi as mk
 from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum
 from pallas_kernels.gpu.mosaic_options import Fp8Options
@@ -58,6 +62,7 @@ HEAD_DIMS = (128, 256)  # 256: Gemma-2's; the value accumulators and key loads a
 HALF = 128          # channels per value accumulator (WGMMA M = 128) and per key load
 SLAB = 16           # k columns per WGMMA (fp16)
 FP8_TYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
+CODE_TYPES = (*FP8_TYPES, jnp.int8)  # INT8 (symmetric, per-token scales): the same kernel, codes converted exactly
 NEG = mk.NEG
 # p x s_v is stored fp16 times this power of two near the values' FP8 maximum (448 / 57344): a per-token
 # scale is |v|max / that maximum (~1e-5 for e5m2), so p s_v alone would sit in fp16's subnormals (the
@@ -66,7 +71,7 @@ NEG = mk.NEG
 # of a row quad; the 8-bit layout's 32-bit register holds bytes 4c .. 4c + 3. Taking the second as the first,
 # slab column j is byte KEY_PERM[j] of the slab.
 KEY_PERM = tuple(4 * (j % 8 // 2) + j % 2 + 2 * (j // 8) for j in range(SLAB))
-VALUE_FOLD = {jnp.dtype(jnp.float8_e4m3fn): 2.0 ** 8, jnp.dtype(jnp.float8_e5m2): 2.0 ** 15}
+VALUE_FOLD = {jnp.dtype(jnp.float8_e4m3fn): 2.0 ** 8, jnp.dtype(jnp.float8_e5m2): 2.0 ** 15, jnp.dtype(jnp.int8): 2.0 ** 7}
 
 
 def split_e4m3(q_t, terms: int):
@@ -92,8 +97,8 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
 
   q_t [B, K, H, 16] f32 (queries transposed, times softmax scale x log2 e, rows padded to 16; row r is
   query token r % num_queries, at position L - num_queries + r % num_queries: causal among them);
-  lengths [B] int32; k [B, K, S, H] float8_e4m3fn / float8_e5m2; ks [B, K, S] (bf16, fp16 or f32);
-  v [B, K, S, H] FP8 with each `value_tile`-token tile stored as its [H, value_tile] transpose (as the
+  lengths [B] int32; k [B, K, S, H] float8_e4m3fn / float8_e5m2 / int8 (INT8 caches, converted exactly to
+  fp16); ks [B, K, S] (bf16, fp16 or f32); v [B, K, S, H] of those dtypes with each `value_tile`-token tile stored as its [H, value_tile] transpose (as the
   cache's tiled value layout); vs [B, K, S]. H = 128 or 256. softcap: None, or the logits' soft-cap (`cap
   tanh(s / cap)` of the natural-log logits, Gemma 2); sliding: None, or a window W (query row r sees the tokens
   after its position minus W; the splits share the steps from the first token any row sees). Returns (o_t
@@ -161,8 +166,10 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     if arr.shape != shape:
       raise ValueError(f"{name} must be {shape}, got {arr.shape}")
   for name, arr in (("k", k), ("v", v)):
-    if arr.dtype not in FP8_TYPES:
-      raise ValueError(f"{name} must be float8_e4m3fn or float8_e5m2, got {arr.dtype}")
+    if arr.dtype not in CODE_TYPES:
+      raise ValueError(f"{name} must be float8_e4m3fn, float8_e5m2 or int8, got {arr.dtype}")
+  if opt.key_terms and k.dtype == jnp.int8:
+    raise ValueError("key_terms (8-bit key products against e4m3 query terms) take FP8 keys, got int8")
   steps_cap = s // tile
   vt_per_step = tile // value_tile
   fold = VALUE_FOLD[jnp.dtype(v.dtype)]
@@ -403,8 +410,8 @@ def supports(cache) -> str | None:
   """None when `decode_attention` takes this cache, else why not."""
   fmt = cache.fmt
   for role, spec in (("key", fmt.key), ("value", fmt.value)):
-    if not isinstance(spec, FP8Spec) or spec.static:
-      return f"{role}s must be FP8 with per-token scales, got {spec}"
+    if not (isinstance(spec, FP8Spec) and not spec.static or isinstance(spec, IntSpec) and spec.bits == 8):
+      return f"{role}s must be FP8 with per-token scales or INT8, got {spec}"
   if fmt.sink:
     return f"full-precision sink tokens are not read by this kernel (sink={fmt.sink})"
   if cache.v.tile not in (16, 32, 64, 128):

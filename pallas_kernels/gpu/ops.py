@@ -388,7 +388,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
                         narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop, prefetch=prefetch,
                         packed_unpack=packed_unpack, fold_value_scales=fold_value_scales)
   # MOSAIC_FP8 as the default takes only what the Mosaic kernel does; the rest stays with Triton's
-  by_default = (mosaic_fp8 is None
+  by_default = (mosaic_fp8 is None and isinstance(cache.fmt.key, FP8Spec)  # INT8: asked for only (not yet timed)
                 and (MOSAIC_FP8 or cache.capacity >= MOSAIC_FP8_MIN_CAPACITY.get(cache.head_dim, 1 << 62))
                 and mfp8.supports(cache) is None and mfp8.default_options(cache.head_dim).tile % cache.v.tile == 0
                 and rows <= mfp8.ROWS and mosaic_window is None
