@@ -187,6 +187,24 @@ def test_8bit_key_products(dtype, terms):
     assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
 
 
+def test_int8_prmt_constants_decode_every_code_pair():
+  """`_int8_as_f16`'s PTX (prmt, xor, sub.f16x2) emulated in numpy with its constants (`INT8_PRMT`): every pair of
+  int8 codes, at either position of a 32-bit word, comes out as the two codes in fp16, exactly."""
+  c = mf.INT8_PRMT
+  codes = np.arange(-128, 128, dtype=np.int8)
+  a, b = (x.ravel() for x in np.meshgrid(codes, codes))
+  for p, sel in enumerate(c["selectors"]):
+    word = np.zeros((a.size, 4), np.uint8)
+    word[:, 2 * p], word[:, 2 * p + 1] = a.view(np.uint8), b.view(np.uint8)
+    pool = np.concatenate([word, np.full((a.size, 4), c["exponent"] >> 24, np.uint8)], axis=1)  # prmt's bytes 0-7
+    picked = np.stack([pool[:, (sel >> (4 * i)) & 7] for i in range(4)], axis=1).copy().view(np.uint32)[:, 0]
+    halves = (picked ^ np.uint32(c["flip"])).view(np.uint16).view(np.float16).reshape(-1, 2)
+    bias = np.array([c["bias"]], np.uint32).view(np.uint16).view(np.float16)
+    out = halves - bias  # both fp16: exact for integers below 2048
+    np.testing.assert_array_equal(out[:, 0], a.astype(np.float16))
+    np.testing.assert_array_equal(out[:, 1], b.astype(np.float16))
+
+
 def test_int8_codes_refuse_key_terms():
   q_t, ln, k, ks, v, vs = _case((10, 20), jnp.int8)
   with pytest.raises(ValueError, match="key_terms .* take FP8 keys, got int8"):
@@ -244,7 +262,7 @@ def test_key_perm_is_the_registers_renaming():
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int8], ids=["e4m3", "e5m2", "int8"])
 @pytest.mark.parametrize("build", [mf.Fp8Options(), mf.Fp8Options(tile=64), mf.Fp8Options(key_terms=3),
                                    mf.Fp8Options(key_perm=True), mf.Fp8Options(swizzle=False),
-                                   mf.Fp8Options(upcast_layout=True)], ids=str)
+                                   mf.Fp8Options(upcast_layout=True), mf.Fp8Options(int8_prmt=False)], ids=str)
 def test_states_match_reference_natively(dtype, build):
   """The compiled kernel == the reference (`benchmarks/runs/session18_a.sh`): ragged lengths, an empty
   sequence, one token, a split past the length, several query tokens."""

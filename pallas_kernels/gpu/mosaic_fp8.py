@@ -33,8 +33,9 @@ a 64-token step (`default_options`) keeps two programs per SM: 684 loop SASS ins
 123 registers, 78 KB of shared memory (a 128-token step: 1163, 214, 144 KB, one program).
 
 INT8 caches (symmetric codes, per-token scales: the same layout) run the same kernel, the codes converted exactly
-to fp16 (session 32; interpreted and compiled only: Mosaic's int8 conversion makes 1485 loop instructions a
-128-token tile against FP8's 719, `decode_parts/session32/sass_int8.json`). `ops` takes it for INT8 only when asked.
+to fp16 by three instructions a pair (`_int8_as_f16`; session 32, interpreted and compiled only: 1102 loop
+instructions a 128-token tile, 912 with key_perm, against 1485 through Mosaic's `astype` and FP8's 719 / 657;
+`decode_parts/session32/sass_int8.json`). `ops` takes it for INT8 only when asked.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ NEG = mk.NEG
 # of a row quad; the 8-bit layout's 32-bit register holds bytes 4c .. 4c + 3. Taking the second as the first,
 # slab column j is byte KEY_PERM[j] of the slab.
 KEY_PERM = tuple(4 * (j % 8 // 2) + j % 2 + 2 * (j // 8) for j in range(SLAB))
+# `_int8_as_f16`: prmt's byte selectors for code pairs 0 and 1 of a 32-bit word (bytes 4-7: the exponent bytes), the
+# exponent bytes (fp16 0x64.. = 1024 + the low byte), the sign flips (c + 128) and the bias taken off (fp16 1152).
+INT8_PRMT = dict(selectors=(0x4140, 0x4342), exponent=0x64646464, flip=0x00800080, bias=0x64806480)
 VALUE_FOLD = {jnp.dtype(jnp.float8_e4m3fn): 2.0 ** 8, jnp.dtype(jnp.float8_e5m2): 2.0 ** 15, jnp.dtype(jnp.int8): 2.0 ** 7}
 
 
@@ -186,10 +190,16 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     q8 = q8.reshape(b, kh, nt * ROWS, h)
   mma = functools.partial(wgmma_sum, lag=opt.lag, interpret=interpret)
 
+  def to_f16(x, layout):
+    """8-bit codes in registers as fp16: FP8 by `astype` (one cvt a pair), int8 by `_int8_as_f16` natively."""
+    if interpret or x.dtype != jnp.int8 or not opt.int8_prmt:
+      return x.astype(jnp.float16)
+    return _int8_as_f16(x, layout)
+
   def slab(ref):
     """A [rows, 16] FP8 slab of shared memory as fp16 in WGMMA's A layout."""
     x = ref[...] if interpret else plgpu.load(ref, layout=plgpu.Layout.WGMMA, optimized=False)
-    return x.astype(jnp.float16)
+    return to_f16(x, plgpu.Layout.WGMMA)
 
   load_layout = plgpu.Layout.WGMMA_UPCAST_2X if opt.upcast_layout else plgpu.Layout.WGMMA
 
@@ -205,7 +215,7 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     def one(m):
       if not held:
         held.append(ref[...] if interpret else plgpu.load(ref, layout=layout, optimized=False))
-      x = held[0][:, SLAB * m:SLAB * (m + 1)].astype(jnp.float16)
+      x = to_f16(held[0][:, SLAB * m:SLAB * (m + 1)], layout)
       if interpret:  # the same arithmetic: key_perm's columns in KEY_PERM order (byte 4c + 2h + i is 8h + 2c + i)
         return x.reshape(-1, 4, 2, 2).transpose(0, 2, 1, 3).reshape(-1, SLAB) if renamed else x
       if renamed:
@@ -340,6 +350,35 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     q8, q_inv = (q_in[:, :, jnp.array(_perm(h))] if opt.key_perm else q_in), jnp.ones((b, kh), jnp.float32)
   res = f(q8, q_inv, lengths, k, v_rows, ks, vs)
   return res[-1] if merged else res
+
+
+def _int8_as_f16(x, layout):
+  """int8 [rows, 16] registers (any 8-bit layout) -> fp16, exactly, without one I2F per code (Mosaic's `astype`):
+  per pair of codes one prmt puts each byte under an fp16 exponent byte 0x64, one xor flips the bytes' sign bits
+  (c + 128 as unsigned) and one sub.f16x2 takes 1152 off (fp16 1024 + c + 128 - 1152 = c: integers below 2048
+  are exact in fp16)."""
+  from jax.experimental.mosaic.gpu import FragmentedArray, utils  # noqa: PLC0415 (kernel only)
+  from jaxlib.mlir import ir  # noqa: PLC0415
+  from jaxlib.mlir.dialects import arith, llvm  # noqa: PLC0415
+
+  @plgpu.inline_mgpu(arg_types=(layout,), return_type=plgpu.ShapeDtypeStruct(x.shape, jnp.float16, layout=layout))
+  def convert(ctx, a):
+    del ctx
+    i32 = ir.IntegerType.get_signless(32)
+    f16x2 = ir.VectorType.get((2,), ir.F16Type.get())
+    regs = np.empty(a.registers.shape, dtype=object)
+    for idx, r in np.ndenumerate(a.registers):
+      n = ir.VectorType(r.type).shape[0]  # codes a register: 2 (16-bit layouts) or 4 (8-bit)
+      word = utils.bitcast(r, ir.IntegerType.get_signless(8 * n))
+      word = word if n == 4 else arith.extui(i32, word)
+      c = INT8_PRMT
+      pairs = [utils.bitcast(llvm.inline_asm(
+          i32, [word],
+          f"{{ .reg .b32 t, k; prmt.b32 t, $1, {c['exponent']:#x}, {c['selectors'][p]:#x}; xor.b32 t, t, "
+          f"{c['flip']:#x}; mov.b32 k, {c['bias']:#x}; sub.rn.f16x2 $0, t, k; }}", "=r,r"), f16x2) for p in range(n // 2)]
+      regs[idx] = pairs[0] if n == 2 else utils.vector_concat(pairs)
+    return FragmentedArray(_registers=regs, _layout=a.layout, _is_signed=None)
+  return convert(x)
 
 
 def _as_wgmma(x):
