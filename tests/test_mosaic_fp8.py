@@ -26,8 +26,8 @@ def _case(lengths, dtype=jnp.float8_e4m3fn, scale_dtype=jnp.bfloat16, capacity=5
   b = len(lengths)
   fmax = 127.0 if dtype == jnp.int8 else float(jnp.finfo(dtype).max)  # INT8: symmetric codes in [-127, 127]
   whole = np.round if dtype == jnp.int8 else (lambda x: x)
-  codes = lambda: jnp.asarray(whole(np.clip(rng.normal(size=(b, kv_heads, capacity, head_dim)) * fmax / 4, -fmax, fmax)),
-                              jnp.float32).astype(dtype)
+  normal = lambda: rng.normal(size=(b, kv_heads, capacity, head_dim))
+  codes = lambda: jnp.asarray(whole(np.clip(normal() * fmax / 4, -fmax, fmax)), jnp.float32).astype(dtype)
   scales = lambda: jnp.asarray(rng.uniform(0.5, 4.0, (b, kv_heads, capacity)) / fmax, scale_dtype)
   q_t = jnp.asarray(rng.normal(size=(b, kv_heads, head_dim, mf.ROWS)) * 0.13, jnp.float32)
   return q_t, jnp.asarray(lengths, jnp.int32), codes(), scales(), codes(), scales()

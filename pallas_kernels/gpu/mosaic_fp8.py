@@ -54,8 +54,8 @@ from pallas_kernels.gpu import decode, mosaic_decode, mosaic_epilogue as epilogu
 from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum
 from pallas_kernels.gpu.mosaic_options import Fp8Options
 
-__all__ = ["TILE", "ROWS", "HEAD_DIMS", "Fp8Options", "default_options", "fp8_states", "reference_states", "supports", "decode_attention",
-           "splits_for", "TARGET_PROGRAMS", "split_e4m3", "fp8_attention"]
+__all__ = ["TILE", "ROWS", "HEAD_DIMS", "Fp8Options", "default_options", "fp8_states", "reference_states", "supports",
+           "decode_attention", "splits_for", "TARGET_PROGRAMS", "split_e4m3", "fp8_attention"]
 
 TILE = 128          # tokens per pipeline step by default (`Fp8Options.tile`); capacities are multiples of it
 ROWS = mk.ROWS      # query rows (WGMMA's N), padded
@@ -75,7 +75,8 @@ KEY_PERM = tuple(4 * (j % 8 // 2) + j % 2 + 2 * (j // 8) for j in range(SLAB))
 # `_int8_as_f16`: prmt's byte selectors for code pairs 0 and 1 of a 32-bit word (bytes 4-7: the exponent bytes), the
 # exponent bytes (fp16 0x64.. = 1024 + the low byte), the sign flips (c + 128) and the bias taken off (fp16 1152).
 INT8_PRMT = dict(selectors=(0x4140, 0x4342), exponent=0x64646464, flip=0x00800080, bias=0x64806480)
-VALUE_FOLD = {jnp.dtype(jnp.float8_e4m3fn): 2.0 ** 8, jnp.dtype(jnp.float8_e5m2): 2.0 ** 15, jnp.dtype(jnp.int8): 2.0 ** 7}
+VALUE_FOLD = {jnp.dtype(jnp.float8_e4m3fn): 2.0 ** 8, jnp.dtype(jnp.float8_e5m2): 2.0 ** 15,
+              jnp.dtype(jnp.int8): 2.0 ** 7}
 
 
 def split_e4m3(q_t, terms: int):
@@ -102,11 +103,12 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
   q_t [B, K, H, 16] f32 (queries transposed, times softmax scale x log2 e, rows padded to 16; row r is
   query token r % num_queries, at position L - num_queries + r % num_queries: causal among them);
   lengths [B] int32; k [B, K, S, H] float8_e4m3fn / float8_e5m2 / int8 (INT8 caches, converted exactly to
-  fp16); ks [B, K, S] (bf16, fp16 or f32); v [B, K, S, H] of those dtypes with each `value_tile`-token tile stored as its [H, value_tile] transpose (as the
-  cache's tiled value layout); vs [B, K, S]. H = 128 or 256. softcap: None, or the logits' soft-cap (`cap
-  tanh(s / cap)` of the natural-log logits, Gemma 2); sliding: None, or a window W (query row r sees the tokens
-  after its position minus W; the splits share the steps from the first token any row sees). Returns (o_t
-  [B, K, NS, H, 16], m, l [B, K, NS, 16]) in f32, m and l in the log2 domain (`decode.combine` merges them)."""
+  fp16); ks [B, K, S] (bf16, fp16 or f32); v [B, K, S, H] of those dtypes with each `value_tile`-token tile
+  stored as its [H, value_tile] transpose (as the cache's tiled value layout); vs [B, K, S]. H = 128 or 256.
+  softcap: None, or the logits' soft-cap (`cap tanh(s / cap)` of the natural-log logits, Gemma 2); sliding: None,
+  or a window W (query row r sees the tokens after its position minus W; the splits share the steps from the
+  first token any row sees). Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16]) in f32, m and l in the log2
+  domain (`decode.combine` merges them)."""
   b, kh, h, n = q_t.shape
   if h not in HEAD_DIMS or n != ROWS:
     raise ValueError(f"q_t must be [B, K, H, {ROWS}] with H in {HEAD_DIMS}, got {q_t.shape}")
@@ -122,7 +124,8 @@ def fp8_attention(q, scale, lengths, k, ks, v, vs, *, num_splits: int, value_til
   q [B, K, rows, H] (any float dtype; row r is query token r % num_queries, as `fp8_states`' columns);
   scale: f32 scalar (softmax scale x log2 e); the cache arrays as `fp8_states`. num_splits: 1, or at
   most `mosaic_epilogue.CLUSTER_MAX` (merged as `options.merge` says; "count" natively only). Needs key_terms=0
-  and H = 128 (the epilogue's one accumulator). softcap, sliding: as `fp8_states`. Returns [B, K, rows, H] in q's dtype (zero for a row that saw no token)."""
+  and H = 128 (the epilogue's one accumulator). softcap, sliding: as `fp8_states`. Returns [B, K, rows, H] in
+  q's dtype (zero for a row that saw no token)."""
   b, kh, rows, h = q.shape
   if h != 128 or not 1 <= rows <= ROWS:
     raise ValueError(f"q must be [B, K, rows <= {ROWS}, 128], got {q.shape}")
@@ -266,7 +269,8 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
                                           for j in range(nt)])
         else:  # each 128 channels loaded whole (swizzled), as their 8 slabs are needed
           chunk = lambda u: k_s if vh == 1 else k_s.at[:, pl.ds(HALF * u, HALF)]
-          a_ops = [a for u in range(vh) for a in slabs(chunk(u), HALF // SLAB, key_tiles is wide_tiles, is_key=True)]
+          a_ops = [a for u in range(vh)
+                   for a in slabs(chunk(u), HALF // SLAB, key_tiles is wide_tiles, is_key=True)]
           sc = mma(jnp.zeros((tile, ROWS), jnp.float32),
                    list(zip(a_ops, [q_smem.at[pl.ds(SLAB * m, SLAB)] for m in range(h // SLAB)])))
       with jax.named_scope("softmax"):
@@ -372,10 +376,9 @@ def _int8_as_f16(x, layout):
       word = utils.bitcast(r, ir.IntegerType.get_signless(8 * n))
       word = word if n == 4 else arith.extui(i32, word)
       c = INT8_PRMT
-      pairs = [utils.bitcast(llvm.inline_asm(
-          i32, [word],
-          f"{{ .reg .b32 t, k; prmt.b32 t, $1, {c['exponent']:#x}, {c['selectors'][p]:#x}; xor.b32 t, t, "
-          f"{c['flip']:#x}; mov.b32 k, {c['bias']:#x}; sub.rn.f16x2 $0, t, k; }}", "=r,r"), f16x2) for p in range(n // 2)]
+      ptx = [f"{{ .reg .b32 t, k; prmt.b32 t, $1, {c['exponent']:#x}, {sel:#x}; xor.b32 t, t, {c['flip']:#x}; "
+             f"mov.b32 k, {c['bias']:#x}; sub.rn.f16x2 $0, t, k; }}" for sel in c["selectors"][:n // 2]]
+      pairs = [utils.bitcast(llvm.inline_asm(i32, [word], text, "=r,r"), f16x2) for text in ptx]
       regs[idx] = pairs[0] if n == 2 else utils.vector_concat(pairs)
     return FragmentedArray(_registers=regs, _layout=a.layout, _is_signed=None)
   return convert(x)
