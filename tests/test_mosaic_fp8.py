@@ -11,30 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kvjax import attention, cache as cache_lib, formats
+from fp8_cases import fp8_case, merged_states  # tests/fp8_cases.py, a plain module (conftest)
+from kvjax import cache as cache_lib, formats
 from pallas_kernels import test_base
-from pallas_kernels.gpu import decode, mosaic_fp8 as mf, ops
+from pallas_kernels.gpu import mosaic_fp8 as mf, ops
 
 INTERPRET = jax.default_backend() != "gpu"
-
-
-def _case(lengths, dtype=jnp.float8_e4m3fn, scale_dtype=jnp.bfloat16, capacity=512, kv_heads=2, seed=0, head_dim=128):
-  """Random FP8 codes with per-token scales as a cache holds them (values stored in 64-token tiles, as the
-  kernel reads them): codes spanning the format's range, scales = |x|max / the format's max for |x|max
-  around 0.5-4, so p x s_v is as small as in a real cache (e5m2: ~1e-5, fp16's subnormals without a fold)."""
-  rng = np.random.default_rng(seed)
-  b = len(lengths)
-  fmax = 127.0 if dtype == jnp.int8 else float(jnp.finfo(dtype).max)  # INT8: symmetric codes in [-127, 127]
-  whole = np.round if dtype == jnp.int8 else (lambda x: x)
-  normal = lambda: rng.normal(size=(b, kv_heads, capacity, head_dim))
-  codes = lambda: jnp.asarray(whole(np.clip(normal() * fmax / 4, -fmax, fmax)), jnp.float32).astype(dtype)
-  scales = lambda: jnp.asarray(rng.uniform(0.5, 4.0, (b, kv_heads, capacity)) / fmax, scale_dtype)
-  q_t = jnp.asarray(rng.normal(size=(b, kv_heads, head_dim, mf.ROWS)) * 0.13, jnp.float32)
-  return q_t, jnp.asarray(lengths, jnp.int32), codes(), scales(), codes(), scales()
-
-
-def _merged(o, m, l):
-  return np.asarray(decode.combine(jnp.swapaxes(jnp.asarray(o), -1, -2), m, l, mf.ROWS))
 
 
 @pytest.mark.parametrize("dtype,scale_dtype", [(jnp.float8_e4m3fn, jnp.bfloat16), (jnp.float8_e4m3fn, jnp.float16),
@@ -44,13 +26,13 @@ def _merged(o, m, l):
 @pytest.mark.parametrize("lengths,splits,queries", [((512, 200), 2, 1), ((0, 129), 4, 1), ((384, 1), 1, 1),
                                                     ((300, 3), 2, 3)])
 def test_states_match_reference_in_the_interpreter(dtype, scale_dtype, lengths, splits, queries):
-  q_t, ln, k, ks, v, vs = _case(lengths, dtype, scale_dtype)
+  q_t, ln, k, ks, v, vs = fp8_case(lengths, dtype, scale_dtype)
   o, m, l = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=splits, num_queries=queries, interpret=True)
   ro, rm, rl = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=splits, num_queries=queries)
   seen = np.asarray(rl).sum(2) > 0  # [B, K, N]: a row saw a token in some split
   assert np.array_equal(np.asarray(l).sum(2) > 0, seen)
   # the balanced splits take other slices of the tokens than the reference's fixed ones: merged, equal
-  out, ref = _merged(o, m, l), _merged(ro, rm, rl)
+  out, ref = merged_states(o, m, l), merged_states(ro, rm, rl)
   # fp16 q and p s_v (times VALUE_FOLD: without it e5m2's p s_v sits in fp16's subnormals, 2.1e-3 here)
   assert test_base.relative_error(out, ref) < 1e-3
   assert np.abs(out[~seen]).max(initial=0.0) == 0.0
@@ -59,30 +41,9 @@ def test_states_match_reference_in_the_interpreter(dtype, scale_dtype, lengths, 
     np.testing.assert_allclose(np.asarray(m)[np.asarray(rl) > 0], np.asarray(rm)[np.asarray(rl) > 0], atol=2e-3)
 
 
-@pytest.mark.parametrize("head_dim,softcap,sliding,lengths,splits,queries", [
-    (256, None, None, (512, 200), 2, 1), (256, 1.5, None, (0, 129), 4, 1), (256, 1.5, 130, (512, 300), 2, 3),
-    (128, None, 37, (384, 1), 1, 1), (128, 1.5, 200, (512, 511), 4, 1), (256, None, 300, (200, 3), 2, 1)])
-def test_gemma_head_dim_softcap_and_sliding_window(head_dim, softcap, sliding, lengths, splits, queries):
-  """Gemma 2's shape: head_dim 256 (two 128-channel value accumulators, two key loads a step), the logit
-  soft-cap (1.5: the random logits here reach ~3, so the cap bends them) and the sliding window (inside one
-  step, across steps, wider than the length; T = 3 with a window per row), against the reference."""
-  q_t, ln, k, ks, v, vs = _case(lengths, head_dim=head_dim, seed=3)
-  caps = dict(softcap=softcap, sliding=sliding)
-  o, m, l = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=splits, num_queries=queries, interpret=INTERPRET,
-                         **caps)
-  ro, rm, rl = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=splits, num_queries=queries, **caps)
-  seen = np.asarray(rl).sum(2) > 0
-  assert np.array_equal(np.asarray(l).sum(2) > 0, seen)
-  out, ref = _merged(o, m, l), _merged(ro, rm, rl)
-  assert test_base.relative_error(out, ref) < 1e-3
-  if softcap or (sliding and sliding < max(lengths)):  # the cap / window change the result: the test can fail
-    plain = _merged(*mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=splits, num_queries=queries))
-    assert test_base.relative_error(plain, ref) > 1e-2
-
-
 def _fused_case(lengths, rows, dtype=jnp.float8_e4m3fn, q_dtype=jnp.bfloat16, **kw):
   """(q [B, K, rows, H] in q_dtype, scale, cache arrays) and the states reference's q_t for them."""
-  q_t, ln, k, ks, v, vs = _case(lengths, dtype, **kw)
+  q_t, ln, k, ks, v, vs = fp8_case(lengths, dtype, **kw)
   scale = 0.7
   q = (jnp.swapaxes(q_t, -1, -2)[:, :, :rows] / scale).astype(q_dtype)
   ref_q_t = jnp.pad(jnp.swapaxes(q.astype(jnp.float32) * scale, -1, -2), ((0, 0), (0, 0), (0, 0), (0, mf.ROWS - rows)))
@@ -104,7 +65,7 @@ def test_glue_in_the_kernel_matches_the_reference(dtype, lengths, splits, querie
   q, scale, arrays, ref_q_t = _fused_case(lengths, rows, dtype, capacity=1024)
   out = mf.fp8_attention(q, scale, *arrays, num_splits=splits, num_queries=queries, interpret=True)
   assert out.shape == q.shape and out.dtype == q.dtype
-  ref = _merged(*mf.reference_states(ref_q_t, *arrays, num_splits=splits, num_queries=queries))[:, :, :rows]
+  ref = merged_states(*mf.reference_states(ref_q_t, *arrays, num_splits=splits, num_queries=queries))[:, :, :rows]
   out = np.asarray(out, np.float32)
   assert test_base.relative_error(out, ref) < 4e-3  # bf16 output (2^-9 relative rounding)
   assert np.abs(out - ref).max() <= 2e-2 * np.abs(ref).max()
@@ -120,7 +81,7 @@ def test_glue_in_the_kernel_other_dtypes_and_builds():
   for build, value_tile in ((mf.Fp8Options(), 64), (mf.Fp8Options(tile=64), 32), (mf.Fp8Options(key_perm=True), 64)):
     out = mf.fp8_attention(q, scale, *arrays, num_splits=1, value_tile=value_tile, interpret=True, options=build)
     assert out.dtype == jnp.float32
-    ref = _merged(*mf.fp8_states(ref_q_t, *arrays, num_splits=1, value_tile=value_tile, interpret=True,
+    ref = merged_states(*mf.fp8_states(ref_q_t, *arrays, num_splits=1, value_tile=value_tile, interpret=True,
                                  options=build))[:, :, :4]
     assert test_base.relative_error(np.asarray(out), ref) < 1e-5, build
 
@@ -159,19 +120,19 @@ def test_ops_glue_in_the_kernel_or_in_xla(monkeypatch):
 def test_min_share_leaves_the_later_splits_empty():
   """min_share=4: a 512-token sequence (4 steps) is one split's work; the other three see nothing and
   the merge is unchanged."""
-  q_t, ln, k, ks, v, vs = _case((512, 130), capacity=2048)
+  q_t, ln, k, ks, v, vs = fp8_case((512, 130), capacity=2048)
   o, m, l = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=4, interpret=True, options=mf.Fp8Options(min_share=4))
   assert (np.asarray(l)[:, :, 1:] == 0).all() and (np.asarray(l)[:, :, 0] > 0).all()
   ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=4)
-  assert test_base.relative_error(_merged(o, m, l), _merged(*ref)) < 2e-3
+  assert test_base.relative_error(merged_states(o, m, l), merged_states(*ref)) < 2e-3
 
 
 def test_value_tiles_other_than_64():
-  q_t, ln, k, ks, v, vs = _case((256, 77))
+  q_t, ln, k, ks, v, vs = fp8_case((256, 77))
   for tile in (32, 128):
     out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=tile, interpret=True)
     ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=tile)
-    assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
+    assert test_base.relative_error(merged_states(*out), merged_states(*ref)) < 2e-3
 
 
 @pytest.mark.parametrize("terms", [2, 3])
@@ -179,38 +140,12 @@ def test_value_tiles_other_than_64():
 def test_8bit_key_products(dtype, terms):
   """Fp8Options(key_terms=2 | 3): the key tile as the 8-bit A operand against q in e4m3 terms (e5m2 keys
   x e4m3 terms: the mixed pair WGMMA takes); ragged lengths, T = 3, 64-token steps too."""
-  q_t, ln, k, ks, v, vs = _case((300, 65, 0), dtype)
+  q_t, ln, k, ks, v, vs = fp8_case((300, 65, 0), dtype)
   for tile in (128, 64):
     out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=3, interpret=True,
                         options=mf.Fp8Options(tile=tile, key_terms=terms))
     ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=3)
-    assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
-
-
-def test_int8_prmt_constants_decode_every_code_pair():
-  """`_int8_as_f16`'s PTX (prmt, xor, sub.f16x2) emulated in numpy with its constants (`INT8_PRMT`): every pair of
-  int8 codes, at either position of a 32-bit word, comes out as the two codes in fp16, exactly."""
-  c = mf.INT8_PRMT
-  codes = np.arange(-128, 128, dtype=np.int8)
-  a, b = (x.ravel() for x in np.meshgrid(codes, codes))
-  for p, sel in enumerate(c["selectors"]):
-    word = np.zeros((a.size, 4), np.uint8)
-    word[:, 2 * p], word[:, 2 * p + 1] = a.view(np.uint8), b.view(np.uint8)
-    pool = np.concatenate([word, np.full((a.size, 4), c["exponent"] >> 24, np.uint8)], axis=1)  # prmt's bytes 0-7
-    picked = np.stack([pool[:, (sel >> (4 * i)) & 7] for i in range(4)], axis=1).copy().view(np.uint32)[:, 0]
-    halves = (picked ^ np.uint32(c["flip"])).view(np.uint16).view(np.float16).reshape(-1, 2)
-    bias = np.array([c["bias"]], np.uint32).view(np.uint16).view(np.float16)
-    out = halves - bias  # both fp16: exact for integers below 2048
-    np.testing.assert_array_equal(out[:, 0], a.astype(np.float16))
-    np.testing.assert_array_equal(out[:, 1], b.astype(np.float16))
-
-
-def test_int8_codes_refuse_key_terms():
-  q_t, ln, k, ks, v, vs = _case((10, 20), jnp.int8)
-  with pytest.raises(ValueError, match="key_terms .* take FP8 keys, got int8"):
-    mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=1, interpret=True, options=mf.Fp8Options(key_terms=2))
-  with pytest.raises(ValueError, match="k must be float8_e4m3fn, float8_e5m2 or int8, got int16"):
-    mf.fp8_states(q_t, ln, k.astype(jnp.int16), ks, v, vs, num_splits=1, interpret=True)
+    assert test_base.relative_error(merged_states(*out), merged_states(*ref)) < 2e-3
 
 
 def test_split_e4m3_terms_sum_to_the_query():
@@ -230,12 +165,12 @@ def test_split_e4m3_terms_sum_to_the_query():
 
 def test_64_token_steps():
   """Fp8Options(tile=64): one 64-token value tile a step (or two of 32), ragged lengths, T = 3."""
-  q_t, ln, k, ks, v, vs = _case((300, 65, 0))
+  q_t, ln, k, ks, v, vs = fp8_case((300, 65, 0))
   for value_tile in (64, 32):
     out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=value_tile, num_queries=3, interpret=True,
                         options=mf.Fp8Options(tile=64, stages=3))
     ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=value_tile, num_queries=3)
-    assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
+    assert test_base.relative_error(merged_states(*out), merged_states(*ref)) < 2e-3
 
 
 @pytest.mark.parametrize("build", [mf.Fp8Options(key_perm=True), mf.Fp8Options(swizzle=False),
@@ -243,11 +178,11 @@ def test_64_token_steps():
 def test_load_builds(build):
   """The ways the code tiles reach the A operand (`key_perm`: the query's channels permuted as the renamed key
   registers' columns; unswizzled 16-byte tiles; the upcast layout), ragged lengths, T = 2, 32-token value tiles."""
-  q_t, ln, k, ks, v, vs = _case((300, 65, 0))
+  q_t, ln, k, ks, v, vs = fp8_case((300, 65, 0))
   out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=32, num_queries=2, interpret=True,
                       options=build)
   ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, value_tile=32, num_queries=2)
-  assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
+  assert test_base.relative_error(merged_states(*out), merged_states(*ref)) < 2e-3
 
 
 def test_key_perm_is_the_registers_renaming():
@@ -268,11 +203,11 @@ def test_states_match_reference_natively(dtype, build):
   sequence, one token, a split past the length, several query tokens."""
   if build.key_terms and dtype == jnp.int8:
     pytest.skip("key_terms multiply FP8 keys (refused for int8: test_int8_codes_refuse_key_terms)")
-  q_t, ln, k, ks, v, vs = _case((512, 0, 1, 200), dtype)
+  q_t, ln, k, ks, v, vs = fp8_case((512, 0, 1, 200), dtype)
   for queries in (1, 3):
     out = mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries, options=build)
     ref = mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries)
-    assert test_base.relative_error(_merged(*out), _merged(*ref)) < 2e-3
+    assert test_base.relative_error(merged_states(*out), merged_states(*ref)) < 2e-3
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs an H100/H200")
@@ -285,7 +220,7 @@ def test_glue_in_the_kernel_natively(build, splits):
   sometimes-wrong row)."""
   lengths = (4096, 0, 1, 2000, 3333, 129, 4095, 700)
   q, scale, arrays, ref_q_t = _fused_case(lengths, 4, capacity=4096, kv_heads=8)
-  ref = _merged(*mf.reference_states(ref_q_t, *arrays, num_splits=splits))[:, :, :4]
+  ref = merged_states(*mf.reference_states(ref_q_t, *arrays, num_splits=splits))[:, :, :4]
   for _ in range(5):
     out = np.asarray(mf.fp8_attention(q, scale, *arrays, num_splits=splits, options=build), np.float32)
     assert test_base.relative_error(out, ref) < 4e-3
@@ -293,7 +228,7 @@ def test_glue_in_the_kernel_natively(build, splits):
 
 
 def test_bad_inputs_are_refused():
-  q_t, ln, k, ks, v, vs = _case((10, 20))
+  q_t, ln, k, ks, v, vs = fp8_case((10, 20))
   call = lambda **kw: mf.fp8_states(**{**dict(q_t=q_t, lengths=ln, k=k, ks=ks, v=v, vs=vs, num_splits=2,
                                                interpret=True), **kw})
   with pytest.raises(ValueError, match="q_t must be"):
@@ -314,7 +249,7 @@ def test_bad_inputs_are_refused():
     call(sliding=0)
   with pytest.raises(ValueError, match=r"q_t must be \[B, K, H, 16\] with H in \(128, 256\)"):
     call(q_t=jnp.zeros((2, 2, 64, mf.ROWS)))
-  q256, *arrs = _case((10, 20), head_dim=256)
+  q256, *arrs = fp8_case((10, 20), head_dim=256)
   with pytest.raises(ValueError, match="key_terms .* take head_dim 128, got 256"):
     mf.fp8_states(q256, *arrs, num_splits=1, interpret=True, options=mf.Fp8Options(key_terms=2))
   with pytest.raises(ValueError, match="stages must be"):
@@ -374,24 +309,6 @@ def test_ops_takes_a_build(monkeypatch):
     ops.decode_attention(q, c, interpret=True, mosaic_fp8="yes")
 
 
-@pytest.mark.parametrize("lengths,queries", [([0, 1, 200, 384], 1), ([3, 384], 3)])
-def test_ops_gemma_shape_matches_the_xla_reference(lengths, queries):
-  """Through `ops`: Gemma-2's head_dim 256, 2 query heads per KV head, logit soft-cap 2 (the test case's
-  outlier keys make logits beyond it) and a 130-token sliding window, against `kvjax.attention`'s."""
-  q, c = test_base.make_case("fp8_e4m3", lengths, rep=2, head_dim=256, num_queries=queries, value_tile=64)
-  for caps in (dict(logit_softcap=2.0), dict(window=130), dict(logit_softcap=2.0, window=130)):
-    ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c, **caps), np.float32)
-    out = np.asarray(ops.decode_attention(q, c, interpret=INTERPRET, mosaic_fp8=True, **caps), np.float32)
-    plain = np.asarray(attention.decode_attention(q.astype(jnp.float32), c), np.float32)
-    for b, length in enumerate(lengths):
-      if length:
-        assert test_base.relative_error(out[b], ref[b]) < 1e-2, (caps, b)
-        if length > 130:
-          assert test_base.relative_error(plain[b], ref[b]) > 2e-2, (caps, b)  # the option matters here
-      else:
-        assert not out[b].any()
-
-
 def test_ops_refuses_what_the_kernel_does_not_take():
   q, c = test_base.make_case("fp8_e4m3", [5, 200], value_tile=64)
   with pytest.raises(NotImplementedError, match="tune the Triton kernels"):
@@ -430,32 +347,6 @@ def test_the_default_switch_leaves_the_rest_to_triton(monkeypatch):
   assert calls == [1, 1]
 
 
-def test_the_capacity_switch_takes_long_gemma_caches_only(monkeypatch):
-  """ops.MOSAIC_FP8_MIN_CAPACITY (here {256: 384}): a head_dim-256 FP8 cache of that capacity (soft-capped,
-  windowed) goes to the Mosaic kernel with the 64-token build; a shorter one, or a head_dim-128 one, stays with
-  Triton's."""
-  builds = []
-  real = mf.decode_attention
-  monkeypatch.setattr(mf, "decode_attention", lambda *a, **k: builds.append(k["options"]) or real(*a, **k))
-  monkeypatch.setattr(ops, "MOSAIC_FP8_MIN_CAPACITY", {256: test_base.CAPACITY})
-  q, c = test_base.make_case("fp8_e4m3", [5, 200], rep=2, head_dim=256, value_tile=64)
-  out = ops.decode_attention(q, c, interpret=True, logit_softcap=2.0, window=100)
-  ref = attention.decode_attention(q.astype(jnp.float32), c, logit_softcap=2.0, window=100)
-  assert builds == [mf.Fp8Options(tile=64)] and mf.default_options(128) == mf.Fp8Options()
-  assert test_base.relative_error(np.asarray(out, np.float32), np.asarray(ref, np.float32)) < 1e-2
-  q1, c1 = test_base.make_case("fp8_e4m3", [5, 200], value_tile=64)
-  ops.decode_attention(q1, c1, interpret=True)
-  monkeypatch.setattr(ops, "MOSAIC_FP8_MIN_CAPACITY", {256: test_base.CAPACITY + 128})
-  ops.decode_attention(q, c, interpret=True, logit_softcap=2.0, window=100)
-  assert len(builds) == 1
-  # 128-token value tiles: not whole tiles of the default 64-token step, so Triton's kernel, not XLA's fallback
-  monkeypatch.setattr(ops, "MOSAIC_FP8_MIN_CAPACITY", {256: test_base.CAPACITY})
-  c128 = cache_lib.with_value_tile(c, 128)
-  out128 = ops.decode_attention(q, c128, interpret=True, logit_softcap=2.0, window=100)
-  assert len(builds) == 1
-  assert test_base.relative_error(np.asarray(out128, np.float32), np.asarray(ref, np.float32)) < 1e-2
-
-
 def test_default_splits_leave_four_tiles_a_split():
   assert mf.splits_for(8, 8, 32768) == 4    # 264 programs: one wave at 2 per SM
   assert mf.splits_for(1, 8, 32768) == 32   # capped by mosaic_decode.MAX_SPLITS
@@ -471,7 +362,7 @@ def test_default_splits_leave_four_tiles_a_split():
                                    mf.Fp8Options(key_perm=True), mf.Fp8Options(swizzle=False),
                                    mf.Fp8Options(upcast_layout=True)], ids=str)
 def test_lowers_for_cuda(dtype, build):
-  q_t, ln, k, ks, v, vs = _case((512, 200), dtype)
+  q_t, ln, k, ks, v, vs = fp8_case((512, 200), dtype)
   fn = jax.jit(lambda *a: mf.fp8_states(*a, num_splits=2, num_queries=2, options=build))
   text = fn.trace(q_t, ln, k, ks, v, vs).lower(lowering_platforms=("cuda",)).as_text()
   assert "kvjax_mosaic_fp8" in text

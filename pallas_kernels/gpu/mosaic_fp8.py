@@ -33,9 +33,9 @@ a 64-token step (`default_options`) keeps two programs per SM: 684 loop SASS ins
 123 registers, 78 KB of shared memory (a 128-token step: 1163, 214, 144 KB, one program).
 
 INT8 caches (symmetric codes, per-token scales: the same layout) run the same kernel, the codes converted exactly
-to fp16 by three instructions a pair (`_int8_as_f16`; session 32, interpreted and compiled only: 1102 loop
-instructions a 128-token tile, 912 with key_perm, against 1485 through Mosaic's `astype` and FP8's 719 / 657;
-`decode_parts/session32/sass_int8.json`). `ops` takes it for INT8 only when asked.
+to fp16 by three instructions a pair (`mosaic_registers.int8_as_f16`; session 32, interpreted and compiled
+only: 1102 loop instructions a 128-token tile, 912 with key_perm, against 1485 through Mosaic's `astype` and
+FP8's 719 / 657; `decode_parts/session32/sass_int8.json`). `ops` takes it for INT8 only when asked.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -53,28 +52,21 @@ from kvjax.formats import FP8Spec, IntSpec
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_epilogue as epilogue, mosaic_kivi as mk
 from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum
 from pallas_kernels.gpu.mosaic_options import Fp8Options
+from pallas_kernels.gpu.mosaic_registers import INT8_PRMT, KEY_PERM, SLAB, as_wgmma, int8_as_f16
 
 __all__ = ["TILE", "ROWS", "HEAD_DIMS", "Fp8Options", "default_options", "fp8_states", "reference_states", "supports",
-           "decode_attention", "splits_for", "TARGET_PROGRAMS", "split_e4m3", "fp8_attention"]
+           "decode_attention", "splits_for", "TARGET_PROGRAMS", "split_e4m3", "fp8_attention", "KEY_PERM", "INT8_PRMT"]
 
 TILE = 128          # tokens per pipeline step by default (`Fp8Options.tile`); capacities are multiples of it
 ROWS = mk.ROWS      # query rows (WGMMA's N), padded
 HEAD_DIMS = (128, 256)  # 256: Gemma-2's; the value accumulators and key loads are 128 channels each
 HALF = 128          # channels per value accumulator (WGMMA M = 128) and per key load
-SLAB = 16           # k columns per WGMMA (fp16)
 FP8_TYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 CODE_TYPES = (*FP8_TYPES, jnp.int8)  # INT8 (symmetric, per-token scales): the same kernel, codes converted exactly
 NEG = mk.NEG
 # p x s_v is stored fp16 times this power of two near the values' FP8 maximum (448 / 57344): a per-token
 # scale is |v|max / that maximum (~1e-5 for e5m2), so p s_v alone would sit in fp16's subnormals (the
 # Triton kernels fold the maximum likewise, `decode.FlatPlan.value_c`); o is divided by it at the end (exact).
-# key_perm: the 16-bit A layout holds columns (2c, 2c + 1) and (2c + 8, 2c + 9) of a 16-column slab in thread c
-# of a row quad; the 8-bit layout's 32-bit register holds bytes 4c .. 4c + 3. Taking the second as the first,
-# slab column j is byte KEY_PERM[j] of the slab.
-KEY_PERM = tuple(4 * (j % 8 // 2) + j % 2 + 2 * (j // 8) for j in range(SLAB))
-# `_int8_as_f16`: prmt's byte selectors for code pairs 0 and 1 of a 32-bit word (bytes 4-7: the exponent bytes), the
-# exponent bytes (fp16 0x64.. = 1024 + the low byte), the sign flips (c + 128) and the bias taken off (fp16 1152).
-INT8_PRMT = dict(selectors=(0x4140, 0x4342), exponent=0x64646464, flip=0x00800080, bias=0x64806480)
 VALUE_FOLD = {jnp.dtype(jnp.float8_e4m3fn): 2.0 ** 8, jnp.dtype(jnp.float8_e5m2): 2.0 ** 15,
               jnp.dtype(jnp.int8): 2.0 ** 7}
 
@@ -194,10 +186,10 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
   mma = functools.partial(wgmma_sum, lag=opt.lag, interpret=interpret)
 
   def to_f16(x, layout):
-    """8-bit codes in registers as fp16: FP8 by `astype` (one cvt a pair), int8 by `_int8_as_f16` natively."""
+    """8-bit codes in registers as fp16: FP8 by `astype` (one cvt a pair), int8 natively by `int8_as_f16`."""
     if interpret or x.dtype != jnp.int8 or not opt.int8_prmt:
       return x.astype(jnp.float16)
-    return _int8_as_f16(x, layout)
+    return int8_as_f16(x, layout)
 
   def slab(ref):
     """A [rows, 16] FP8 slab of shared memory as fp16 in WGMMA's A layout."""
@@ -222,7 +214,7 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
       if interpret:  # the same arithmetic: key_perm's columns in KEY_PERM order (byte 4c + 2h + i is 8h + 2c + i)
         return x.reshape(-1, 4, 2, 2).transpose(0, 2, 1, 3).reshape(-1, SLAB) if renamed else x
       if renamed:
-        return _as_wgmma(x)
+        return as_wgmma(x)
       return plgpu.layout_cast(x, plgpu.Layout.WGMMA) if opt.upcast_layout else x
     return [functools.partial(one, m) for m in range(count)]
 
@@ -354,53 +346,6 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     q8, q_inv = (q_in[:, :, jnp.array(_perm(h))] if opt.key_perm else q_in), jnp.ones((b, kh), jnp.float32)
   res = f(q8, q_inv, lengths, k, v_rows, ks, vs)
   return res[-1] if merged else res
-
-
-def _int8_as_f16(x, layout):
-  """int8 [rows, 16] registers (any 8-bit layout) -> fp16, exactly, without one I2F per code (Mosaic's `astype`):
-  per pair of codes one prmt puts each byte under an fp16 exponent byte 0x64, one xor flips the bytes' sign bits
-  (c + 128 as unsigned) and one sub.f16x2 takes 1152 off (fp16 1024 + c + 128 - 1152 = c: integers below 2048
-  are exact in fp16)."""
-  from jax.experimental.mosaic.gpu import FragmentedArray, utils  # noqa: PLC0415 (kernel only)
-  from jaxlib.mlir import ir  # noqa: PLC0415
-  from jaxlib.mlir.dialects import arith, llvm  # noqa: PLC0415
-
-  @plgpu.inline_mgpu(arg_types=(layout,), return_type=plgpu.ShapeDtypeStruct(x.shape, jnp.float16, layout=layout))
-  def convert(ctx, a):
-    del ctx
-    i32 = ir.IntegerType.get_signless(32)
-    f16x2 = ir.VectorType.get((2,), ir.F16Type.get())
-    regs = np.empty(a.registers.shape, dtype=object)
-    for idx, r in np.ndenumerate(a.registers):
-      n = ir.VectorType(r.type).shape[0]  # codes a register: 2 (16-bit layouts) or 4 (8-bit)
-      word = utils.bitcast(r, ir.IntegerType.get_signless(8 * n))
-      word = word if n == 4 else arith.extui(i32, word)
-      c = INT8_PRMT
-      ptx = [f"{{ .reg .b32 t, k; prmt.b32 t, $1, {c['exponent']:#x}, {sel:#x}; xor.b32 t, t, {c['flip']:#x}; "
-             f"mov.b32 k, {c['bias']:#x}; sub.rn.f16x2 $0, t, k; }}" for sel in c["selectors"][:n // 2]]
-      pairs = [utils.bitcast(llvm.inline_asm(i32, [word], text, "=r,r"), f16x2) for text in ptx]
-      regs[idx] = pairs[0] if n == 2 else utils.vector_concat(pairs)
-    return FragmentedArray(_registers=regs, _layout=a.layout, _is_signed=None)
-  return convert(x)
-
-
-def _as_wgmma(x):
-  """fp16 [rows, 16] in WGMMA's 8-bit layout (4 columns a register) -> the same registers in WGMMA's 16-bit A
-  layout (2 a register: a register's first pair as the slab's column tile 0, its second as tile 1), so
-  column j of the result is column KEY_PERM[j] of x. Registers are renamed, nothing moves."""
-  from jax.experimental.mosaic.gpu import WGMMA_LAYOUT, FragmentedArray, utils  # noqa: PLC0415 (kernel only)
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT,),
-                     return_type=plgpu.ShapeDtypeStruct(x.shape, jnp.float16, layout=plgpu.Layout.WGMMA))
-  def rename(ctx, a):
-    del ctx
-    regs = np.empty(WGMMA_LAYOUT.registers_shape(a.shape), dtype=object)
-    for idx, r in np.ndenumerate(a.registers):
-      for i in range(2):
-        regs[(idx[0], 2 * idx[1] + i, *idx[2:])] = utils.vector_slice(r, slice(2 * i, 2 * i + 2))
-    assert all(r is not None for r in regs.flat)
-    return FragmentedArray(_registers=regs, _layout=WGMMA_LAYOUT, _is_signed=None)
-  return rename(x)
 
 
 @functools.partial(jax.jit, static_argnames=("num_splits", "value_tile", "num_queries", "softcap", "sliding"))

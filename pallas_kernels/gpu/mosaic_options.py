@@ -201,7 +201,7 @@ class Fp8Options:
     749.3 (merge "count"). Its native tests and the timing through ops (`benchmarks/runs/session21_c.sh`)
     are still to run.
   int8_prmt: INT8 caches' codes converted to fp16 by prmt / xor / sub.f16x2 (three instructions a pair,
-    `mosaic_fp8._int8_as_f16`) instead of Mosaic's `astype` (one I2F a code plus byte moves). FP8: no effect.
+    `mosaic_registers.int8_as_f16`) instead of Mosaic's `astype` (one I2F a code plus byte moves). FP8: no effect.
   merge: with fused and splits > 1, how the splits' states meet (`MERGES`): "count" (no
     cluster: each program counts itself in a global counter, the last merges) or "cluster" (the splits of a
     (b, k) one cluster, merged by its first program after a cluster barrier). The cluster of 4 measured 36%
