@@ -17,7 +17,6 @@ The trace parser is `profile_step.kernel_times` (`--process CPU` reads host-side
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import re
@@ -48,7 +47,6 @@ def group_kernels(kernels: dict) -> dict:
   return {c: round(v, 3) for c, v in out.items()}
 
 
-@functools.cache
 def _throwaway_trace(run, steps: int) -> None:
   """The point's own run traced once and dropped. Session 31 (H100, `decode_parts/session31/`): the first point's
   trace held only copies and a broadcast (5.5 us busy in a 15 ms span, none of its kernels), the second all of
