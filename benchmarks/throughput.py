@@ -253,17 +253,18 @@ def _pairs(run, n0, n, reps):
 def run_row(model_name: str, fmt_name: str, context: int, budget_bytes: int, *, steps: int = 64,
             warm_steps: int = 8, reps: int = 3, prefill: int = 512, target_s: float = 1.0,
             implementation=None, seed: int = 0, skip_b1: bool = False, model=None, mosaic_fp8: bool = False,
-            kivi_words_g32: bool = False, log=print) -> dict:
+            mosaic_int8: bool = False, kivi_words_g32: bool = False, log=print) -> dict:
   """Measures one (model, format, context) row; see the module docstring. mosaic_fp8: FP8 caches through the
-  Mosaic GPU kernel (`pallas_kernels.gpu.ops.MOSAIC_FP8` set in this process; the row records it).
+  Mosaic GPU kernel (`pallas_kernels.gpu.ops.MOSAIC_FP8` set in this process; the row records it); mosaic_int8:
+  INT8 caches through the same kernel (`ops.MOSAIC_INT8`).
   kivi_words_g32: KIVI-2 G=32 caches in the "words" layout, so through the Mosaic kernel
   (`kvjax.cache.WORDS_DEFAULT_GROUPS` set in this process; the row records it)."""
   from flax import nnx
   from kvjax.models.decoder import Decoder
 
-  if mosaic_fp8:
+  if mosaic_fp8 or mosaic_int8:
     from pallas_kernels.gpu import ops
-    ops.MOSAIC_FP8 = True
+    ops.MOSAIC_FP8, ops.MOSAIC_INT8 = ops.MOSAIC_FP8 or mosaic_fp8, ops.MOSAIC_INT8 or mosaic_int8
   if kivi_words_g32:
     from kvjax import cache as kvcache
     kvcache.WORDS_DEFAULT_GROUPS = (128, 32)
@@ -279,6 +280,8 @@ def run_row(model_name: str, fmt_name: str, context: int, budget_bytes: int, *, 
              device=str(jax.devices()[0].device_kind), implementation=implementation)
   if mosaic_fp8 and isinstance(fmt.key, formats.FP8Spec):  # the rows whose caches it can serve
     row["mosaic_fp8"] = True
+  if mosaic_int8 and isinstance(fmt.key, formats.IntSpec) and fmt.key.bits == 8:
+    row["mosaic_int8"] = True
   if kivi_words_g32 and isinstance(fmt.key, formats.KIVISpec) and fmt.key.group_size == 32:
     row["kivi_words_g32"] = True
   if b < 1:
@@ -419,6 +422,7 @@ def main(argv=None) -> int:
   ap.add_argument("--skip-b1", action="store_true", help="no batch-1 step latency / prefill")
   ap.add_argument("--mosaic-fp8", action="store_true",
                   help="FP8 caches through the Mosaic GPU kernel (pallas_kernels.gpu.mosaic_fp8), not Triton's")
+  ap.add_argument("--mosaic-int8", action="store_true", help="INT8 caches through the same Mosaic kernel")
   ap.add_argument("--kivi-words-g32", action="store_true",
                   help="KIVI-2 G=32 caches in the 'words' layout: the Mosaic GPU kernel (mosaic_groups), not Triton's "
                        "(the default since session 22; kept for the session-22 command)")
@@ -460,6 +464,7 @@ def main(argv=None) -> int:
                   warm_steps=args.warm_steps, reps=args.reps, prefill=args.prefill,
                   target_s=args.target_s, implementation=impl, skip_b1=args.skip_b1,
                   **({"mosaic_fp8": True} if args.mosaic_fp8 else {}),
+                  **({"mosaic_int8": True} if args.mosaic_int8 else {}),
                   **({"kivi_words_g32": True} if args.kivi_words_g32 else {}))
              for m in models for c in contexts for f in fmts]
     bar = tqdm(specs, desc="throughput", file=sys.stderr, dynamic_ncols=True) if tqdm else specs

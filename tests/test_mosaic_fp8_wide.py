@@ -83,6 +83,28 @@ def test_the_capacity_switch_takes_long_gemma_caches_only(monkeypatch):
 
 
 
+def test_int8_caches_take_the_mosaic_kernel_only_when_switched_on(monkeypatch):
+  """INT8 caches: Triton's kernel by default (also past MOSAIC_FP8_MIN_CAPACITY); the Mosaic kernel from
+  MOSAIC_INT8_MIN_CAPACITY's capacity or with MOSAIC_INT8, and then equal to XLA's reference."""
+  builds = []
+  real = mf.decode_attention
+  monkeypatch.setattr(mf, "decode_attention", lambda *a, **k: builds.append(k["options"]) or real(*a, **k))
+  monkeypatch.setattr(ops, "MOSAIC_FP8_MIN_CAPACITY", {256: test_base.CAPACITY})
+  q, c = test_base.make_case("int8", [5, 200], rep=2, head_dim=256, value_tile=64)
+  ref = attention.decode_attention(q.astype(jnp.float32), c, logit_softcap=2.0)
+  ops.decode_attention(q, c, interpret=True, logit_softcap=2.0)
+  assert builds == []
+  monkeypatch.setattr(ops, "MOSAIC_INT8_MIN_CAPACITY", {256: test_base.CAPACITY})
+  out = ops.decode_attention(q, c, interpret=True, logit_softcap=2.0)
+  assert builds == [mf.Fp8Options(tile=64)]
+  assert test_base.relative_error(np.asarray(out, np.float32), np.asarray(ref, np.float32)) < 1e-2
+  monkeypatch.setattr(ops, "MOSAIC_INT8_MIN_CAPACITY", {})
+  monkeypatch.setattr(ops, "MOSAIC_INT8", True)
+  q1, c1 = test_base.make_case("int8", [5, 200], value_tile=64)
+  ops.decode_attention(q1, c1, interpret=True)
+  assert builds[1:] == [mf.Fp8Options()]
+
+
 def test_int8_prmt_constants_decode_every_code_pair():
   """`mosaic_registers.int8_as_f16`'s PTX (prmt, xor, sub.f16x2) emulated in numpy with its constants
   (`INT8_PRMT`): every pair of int8 codes, at either position of a 32-bit word, comes out as the two codes in

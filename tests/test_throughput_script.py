@@ -77,18 +77,24 @@ def test_timing_noise_gives_none_not_an_error(monkeypatch):
   assert row["tokens_per_s"] is None and row["timing_noise"] is True
 
 
-def test_mosaic_fp8_flag_reaches_the_rows(tmp_path, monkeypatch):
-  """--mosaic-fp8: each row's process routes FP8 caches to the Mosaic kernel (`ops.MOSAIC_FP8`) and the row
-  says so (on the CPU the dispatcher's XLA path serves the layers either way)."""
+def test_mosaic_fp8_and_int8_flags_reach_the_rows(tmp_path, monkeypatch):
+  """--mosaic-fp8 / --mosaic-int8: each row's process routes FP8 / INT8 caches to the Mosaic kernel
+  (`ops.MOSAIC_FP8`, `ops.MOSAIC_INT8`) and the row says so (on the CPU the dispatcher's XLA path serves the
+  layers either way); each flag sets only its own."""
   from pallas_kernels.gpu import ops
-  monkeypatch.setattr(ops, "MOSAIC_FP8", False)  # restored after the test
-  out = tmp_path / "tp.json"
-  rc = throughput.main(["--models", "tiny", "--formats", "fp8_e4m3", "--contexts", "256", "--mosaic-fp8",
-                        "--budget-gib", str(BUDGET_GIB), "--steps", "64", "--warm-steps", "4", "--skip-b1",
-                        "--reps", "1", "--prefill", "32", "--target-s", "0.01", "--in-process", "--out", str(out)])
-  assert rc == 0 and ops.MOSAIC_FP8
-  (row,) = json.loads(out.read_text())["rows"]
-  assert row["mosaic_fp8"] is True and "error" not in row
+  for flag, fmt, attr, other in (("--mosaic-fp8", "fp8_e4m3", "MOSAIC_FP8", "MOSAIC_INT8"),
+                                 ("--mosaic-int8", "int8", "MOSAIC_INT8", "MOSAIC_FP8")):
+    monkeypatch.setattr(ops, "MOSAIC_FP8", False)  # restored after the test
+    monkeypatch.setattr(ops, "MOSAIC_INT8", False)
+    out = tmp_path / f"tp_{fmt}.json"
+    rc = throughput.main(["--models", "tiny", "--formats", f"{fmt},bf16", "--contexts", "256", flag,
+                          "--budget-gib", str(BUDGET_GIB), "--steps", "64", "--warm-steps", "4", "--skip-b1",
+                          "--reps", "1", "--prefill", "32", "--target-s", "0.01", "--in-process", "--out",
+                          str(out)])
+    assert rc == 0 and getattr(ops, attr) and not getattr(ops, other)
+    rows = {r["format"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows[fmt][attr.lower()] is True and "error" not in rows[fmt]
+    assert attr.lower() not in rows["bf16"] and other.lower() not in rows[fmt]
 
 
 def test_kivi_words_g32_flag_reaches_the_rows(tmp_path, monkeypatch):

@@ -307,6 +307,23 @@ MOSAIC_FP8 = False
 # alone, us, Triton's kernel -> Mosaic's 64-token build: B=24 32k 688.3 -> 596.8 (4096-token window 95.7 -> 87.1),
 # B=1 32k 60.8 -> 36.0; but B=195 4k 517.7 -> 545.4 and B=1 4k 14.3 -> 19.6 (Triton's at 0.99 of the stream).
 MOSAIC_FP8_MIN_CAPACITY: dict[int, int] = {256: 16384}
+# INT8 caches (per-token scales, tiled values) through the same Mosaic kernel by default, as the two above: off
+# until timed natively (its codes convert by `Fp8Options.int8_prmt`, 1102 loop instructions a 128-token tile
+# against FP8's 719, `decode_parts/session32/sass_int8.json`).
+MOSAIC_INT8 = False
+MOSAIC_INT8_MIN_CAPACITY: dict[int, int] = {}
+
+
+def _mosaic_8bit_by_default(cache) -> bool:
+  """Whether the cache's format and capacity send it to the Mosaic FP8 kernel when no kernel is named."""
+  key = cache.fmt.key
+  if isinstance(key, FP8Spec):
+    on, least = MOSAIC_FP8, MOSAIC_FP8_MIN_CAPACITY
+  elif isinstance(key, IntSpec) and key.bits == 8:
+    on, least = MOSAIC_INT8, MOSAIC_INT8_MIN_CAPACITY
+  else:
+    return False
+  return on or cache.capacity >= least.get(cache.head_dim, 1 << 62)
 
 
 def _mosaic_refusals(q, cache, triton_options, kernel):
@@ -370,7 +387,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   mosaic_fp8: an FP8 cache (per-token scales, values in tiles) through the Mosaic GPU kernel (`mosaic_fp8`)
   instead of Triton's: True (the build `mosaic_fp8.default_options` picks for the head_dim), or a
   `mosaic_fp8.Fp8Options`; None: MOSAIC_FP8, or the cache's capacity against MOSAIC_FP8_MIN_CAPACITY (head_dim
-  256 from 16k tokens). False: Triton's. Other caches: NotImplementedError if set."""
+  256 from 16k tokens); INT8 caches likewise by MOSAIC_INT8 and MOSAIC_INT8_MIN_CAPACITY. False: Triton's.
+  Other caches: NotImplementedError if set."""
   if window is not None and (int(window) != window or window < 1):
     raise ValueError(f"window must be a positive integer or None, got {window!r}")
   if cache.num_layers is not None:
@@ -388,8 +406,7 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
                         narrow_pv=narrow_pv, join_values=join_values, tile_loop=tile_loop, prefetch=prefetch,
                         packed_unpack=packed_unpack, fold_value_scales=fold_value_scales)
   # MOSAIC_FP8 as the default takes only what the Mosaic kernel does; the rest stays with Triton's
-  by_default = (mosaic_fp8 is None and isinstance(cache.fmt.key, FP8Spec)  # INT8: asked for only (not yet timed)
-                and (MOSAIC_FP8 or cache.capacity >= MOSAIC_FP8_MIN_CAPACITY.get(cache.head_dim, 1 << 62))
+  by_default = (mosaic_fp8 is None and _mosaic_8bit_by_default(cache)
                 and mfp8.supports(cache) is None and mfp8.default_options(cache.head_dim).tile % cache.v.tile == 0
                 and rows <= mfp8.ROWS and mosaic_window is None
                 and all(v is None for v in (*triton_options.values(), pallas_merge)))
