@@ -33,7 +33,7 @@ for name, fn in [("xla", lambda c_, k_: cache_lib.append(c_, k_, k_)),
   entry = txt[txt.index("\nENTRY"):]
   print(f"{name}, B={B}:")
   for line in entry.splitlines():
-    m = re.match(r"\s*%([\w.\-]+) = (.*?) (?:fusion|custom-call)\(", line)
+    m = re.match(r"\s*%([\w.\-]+) = (.*?) (?:fusion|custom-call|copy)\(", line)
     if not m:
       continue
     op, out = m.groups()
