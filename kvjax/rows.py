@@ -252,9 +252,10 @@ def _flush_one_block(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array
   (the candidate block, quantized; stored only where it is full), then the sequences whose block filled get
   their ring zeroed and the tokens past the block at its start. Slots past a sequence's residual tokens are
   zero already (every writer of ``k_res`` keeps them so), which the buffered path re-establishes instead. On
-  a GPU at decode this is a scatter, the quantization's read and a scatter per step, where the buffered path
-  wrote a [B, K, 2R, H] buffer and rewrote the ring (session 32's Gemma KIVI-2 G=32 profile: ~1.35 ms of a
-  22.15 ms step at B=64 32k, `decode_parts/session33/append_hlo_b64_*.txt`)."""
+  a GPU at decode this is scatters in place and the quantization's read, where the buffered path wrote a
+  [B, K, 2R, H] buffer and a copy of the block every step (compiled for an H200: `decode_parts/session33/
+  append_hlo_b64_*.txt`; in session 32's Gemma KIVI-2 G=32 profile those two fusions took ~1.35 ms of a
+  22.15 ms step at B=64 32k)."""
   fmt, r_len = cache.fmt, cache.fmt.residual
   k_new, count, lengths = f.new, f.count, f.lengths
   b, n = k_new.shape[0], k_new.shape[2]
