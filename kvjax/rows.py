@@ -207,16 +207,7 @@ class KeyFlush:
 
 
 def flush_rows(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array]:
-  """A `KeyFlush` as XLA computes it: the quantized blocks' `RowWrite`s and the new ``k_res``.
-
-  Appends of fewer than R tokens (decode) complete at most one block: it is the residual ring with the new
-  tokens in place, so no buffer is built and the ring is updated where it lies (`_flush_one_block`).
-  """
-  return (_flush_one_block if f.new.shape[2] < cache.fmt.residual else _flush_buffered)(cache, f)
-
-
-def _flush_buffered(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array]:
-  """`flush_rows` through a [B, K, (blocks + 1) R, H] buffer: the ring, then the new tokens; any T."""
+  """A `KeyFlush` as XLA computes it: the quantized blocks' `RowWrite`s and the new ``k_res``."""
   fmt, r_len = cache.fmt, cache.fmt.residual
   k_new, count, lengths = f.new, f.count, f.lengths
   b, h, n, d = k_new.shape
@@ -244,36 +235,6 @@ def _flush_buffered(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array]
   res = jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, r_len, axis=1))(buf, start)
   keep = jnp.arange(r_len)[None, :] < (m - start)[:, None]
   res = jnp.where(keep[:, None, :, None], res, 0).astype(cache.k_res.dtype)
-  return writes, res
-
-
-def _flush_one_block(cache: KVCache, f: KeyFlush) -> tuple[list[RowWrite], Array]:
-  """`flush_rows` for T < R new tokens, the same values: the tokens that fit go into ``k_res`` at their slots
-  (the candidate block, quantized; stored only where it is full), then the sequences whose block filled get
-  their ring zeroed and the tokens past the block at its start. Slots past a sequence's residual tokens are
-  zero already (every writer of ``k_res`` keeps them so), which the buffered path re-establishes instead. On
-  a GPU at decode this is scatters in place and the quantization's read, where the buffered path wrote a
-  [B, K, 2R, H] buffer and a copy of the block every step (compiled for an H200: `decode_parts/session33/
-  append_hlo_b64_*.txt`; in session 32's Gemma KIVI-2 G=32 profile those two fusions took ~1.35 ms of a
-  22.15 ms step at B=64 32k)."""
-  fmt, r_len = cache.fmt, cache.fmt.residual
-  k_new, count, lengths = f.new, f.count, f.lengths
-  b, n = k_new.shape[0], k_new.shape[2]
-  r = lengths % r_len
-  j = jnp.arange(n)
-  pos = jnp.where(j[None] < count[:, None], r[:, None] + j[None], 2 * r_len)  # [B, n]; 2R: not a token
-  full = r + count >= r_len  # [B]
-  block = _scatter_tokens(cache.k_res, k_new, pos)  # slots >= R dropped
-  blocks = block[:, :, None]
-  if fmt.sink:
-    blocks = _without_sinks(blocks, lengths - r, fmt.sink)
-  qb = quant.quantize(blocks.astype(jnp.float32), fmt.key, block=r_len, layout=cache.k.layout)
-  n_stored = cache.capacity // r_len
-  dest = jnp.where(full, (lengths - r) // r_len, n_stored)[:, None]
-  writes = [RowWrite(f"k.{leaf}", (b, block.shape[1], n_stored, -1, getattr(qb, leaf).shape[-1]),
-                     getattr(qb, leaf), dest) for leaf in ("codes", "scale", "zero")]
-  res = block.at[jnp.where(full, jnp.arange(b), b)].set(0, mode="drop")
-  res = _scatter_tokens(res, k_new, jnp.where(pos >= r_len, pos - r_len, r_len))
   return writes, res
 
 

@@ -1,14 +1,11 @@
 """The cache pytree: append == prefill, ragged batches, capacity, jit, stacking, errors."""
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import example, given, settings, strategies as st
 
-from kvjax import attention, formats, rows
+from kvjax import attention, formats
 from kvjax.cache import KVCache, append, init_cache, materialize, prefill, stack
 
 ALL = tuple(formats.PRESETS)
@@ -304,34 +301,3 @@ def test_kivi_append_rounds_to_the_residual_dtype_under_jit():
   for a, b in zip(jax.tree_util.tree_leaves(jax.jit(append)(c, x, -x)),
                   jax.tree_util.tree_leaves(append(c, x.astype(jnp.bfloat16), -x.astype(jnp.bfloat16)))):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-
-
-FLUSH_FORMATS = {"kivi2": (formats.kivi(2, 32, 64), "", H), "kivi4_sink3": (formats.kivi(4, 32, 64, sink=3), "", H),
-                 "kivi2_words": (formats.kivi(2, 32, 128), "words", 128)}  # words: R and H multiples of 128
-
-
-@settings(max_examples=int(os.environ.get("KVJAX_HYPOTHESIS_EXAMPLES", 25)), deadline=None,
-          derandomize="KVJAX_HYPOTHESIS_EXAMPLES" not in os.environ)
-@given(name=st.sampled_from(sorted(FLUSH_FORMATS)), t=st.integers(1, 63), seed=st.integers(0, 2 ** 16),
-       prefix=st.lists(st.integers(0, 255), min_size=B, max_size=B),
-       counts=st.lists(st.integers(0, 63), min_size=B, max_size=B))
-@example(name="kivi4_sink3", t=3, seed=0, prefix=[63, 62, 1], counts=[1, 3, 3])  # full by the last / a middle token
-@example(name="kivi2_words", t=1, seed=1, prefix=[127, 255, 0], counts=[1, 1, 0])  # full, at capacity, none
-def test_one_block_flush_equals_the_buffered_flush(name, t, seed, prefix, counts):
-  """`rows.flush_rows` at T < R (decode's path: the ring updated in place, no [B, K, 2R, H] buffer) == the
-  buffered path any T takes, leaf for leaf: random lengths (blocks completed or not, by any of the T tokens,
-  ragged counts including 0, near capacity), sinks, planar and "words" key layouts."""
-  fmt, layout, h = FLUSH_FORMATS[name]
-  c = init_cache(fmt, B, K, S, h, kivi_layout=layout)
-  k, v = (jax.random.normal(jax.random.PRNGKey(seed + i), (B, K, S, h)) for i in range(2))
-  c = append(c, k * jnp.linspace(0.5, 20, h), v, jnp.asarray(prefix))  # slots past each length: zero, as left
-  new = jax.random.normal(jax.random.PRNGKey(seed + 2), (B, K, t, h)) * 4
-  count = jnp.minimum(jnp.minimum(jnp.asarray(counts), t), S - c.lengths)
-  f = rows.KeyFlush(new=new, count=count, lengths=c.lengths)
-  fast, slow = rows._flush_one_block(c, f), rows._flush_buffered(c, f)
-  assert [(w.leaf, w.view) for w in fast[0]] == [(w.leaf, w.view) for w in slow[0]]
-  assert trees_equal(fast[1], slow[1])
-  for a, b in zip(fast[0], slow[0]):  # the stored blocks agree; dropped ones (rows past the leaf) do not matter
-    assert np.array_equal(np.asarray(a.pos), np.asarray(b.pos))
-    for i, j in zip(*np.nonzero(np.asarray(b.pos) < b.view[2])):
-      assert np.array_equal(np.asarray(a.new[i, :, j]), np.asarray(b.new[i, :, j]))
