@@ -463,9 +463,7 @@ def main(argv=None) -> int:
     specs = [dict(model_name=m, fmt_name=f, context=c, budget_bytes=budget, steps=args.steps,
                   warm_steps=args.warm_steps, reps=args.reps, prefill=args.prefill,
                   target_s=args.target_s, implementation=impl, skip_b1=args.skip_b1,
-                  **({"mosaic_fp8": True} if args.mosaic_fp8 else {}),
-                  **({"mosaic_int8": True} if args.mosaic_int8 else {}),
-                  **({"kivi_words_g32": True} if args.kivi_words_g32 else {}))
+                  **{flag: True for flag in ("mosaic_fp8", "mosaic_int8", "kivi_words_g32") if getattr(args, flag)})
              for m in models for c in contexts for f in fmts]
     bar = tqdm(specs, desc="throughput", file=sys.stderr, dynamic_ncols=True) if tqdm else specs
     rows = []
