@@ -33,9 +33,10 @@ a 64-token step (`default_options`) keeps two programs per SM: 684 loop SASS ins
 123 registers, 78 KB of shared memory (a 128-token step: 1163, 214, 144 KB, one program).
 
 INT8 caches (symmetric codes, per-token scales: the same layout) run the same kernel, the codes converted exactly
-to fp16 by three instructions a pair (`mosaic_registers.int8_as_f16`; session 32, interpreted and compiled
-only: 1102 loop instructions a 128-token tile, 912 with key_perm, against 1485 through Mosaic's `astype` and
-FP8's 719 / 657; `decode_parts/session32/sass_int8.json`). `ops` takes it for INT8 only when asked.
+to fp16 by three instructions a pair (`mosaic_registers.int8_as_f16`; session 32: 1102 loop instructions a
+128-token tile, 912 with key_perm, against 1485 through Mosaic's `astype` and FP8's 719 / 657;
+`decode_parts/session32/sass_int8.json`). Timed in session 34 (H100): Gemma-2 heads B=24 32k 572.1 us against
+Triton's INT8 kernel's 703.3, so `ops` sends INT8 caches here by FP8's rule (head_dim 256 from 16k tokens).
 """
 
 from __future__ import annotations

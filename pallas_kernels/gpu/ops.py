@@ -307,11 +307,12 @@ MOSAIC_FP8 = False
 # alone, us, Triton's kernel -> Mosaic's 64-token build: B=24 32k 688.3 -> 596.8 (4096-token window 95.7 -> 87.1),
 # B=1 32k 60.8 -> 36.0; but B=195 4k 517.7 -> 545.4 and B=1 4k 14.3 -> 19.6 (Triton's at 0.99 of the stream).
 MOSAIC_FP8_MIN_CAPACITY: dict[int, int] = {256: 16384}
-# INT8 caches (per-token scales, tiled values) through the same Mosaic kernel by default, as the two above: off
-# until timed natively (its codes convert by `Fp8Options.int8_prmt`, 1102 loop instructions a 128-token tile
-# against FP8's 719, `decode_parts/session32/sass_int8.json`).
+# INT8 caches (per-token scales, tiled values) through the same Mosaic kernel by default, as the two above (codes
+# converted by `Fp8Options.int8_prmt`). Session 34 on an H100 (`decode_parts/session34/`), the attention alone, us,
+# Triton's INT8 kernel -> Mosaic's 64-token build: Gemma-2 heads B=24 32k 703.3 -> 572.1, B=1 32k 65.7 -> 37.5;
+# Llama-3-8B heads B=8 32k 193.6 -> 200.3 (Triton's stays at head_dim 128).
 MOSAIC_INT8 = False
-MOSAIC_INT8_MIN_CAPACITY: dict[int, int] = {}
+MOSAIC_INT8_MIN_CAPACITY: dict[int, int] = {256: 16384}
 
 
 def _mosaic_8bit_by_default(cache) -> bool:
@@ -387,7 +388,8 @@ def decode_attention(q, cache: KVCache, *, sm_scale=None, logit_softcap=None, wi
   mosaic_fp8: an FP8 cache (per-token scales, values in tiles) through the Mosaic GPU kernel (`mosaic_fp8`)
   instead of Triton's: True (the build `mosaic_fp8.default_options` picks for the head_dim), or a
   `mosaic_fp8.Fp8Options`; None: MOSAIC_FP8, or the cache's capacity against MOSAIC_FP8_MIN_CAPACITY (head_dim
-  256 from 16k tokens); INT8 caches likewise by MOSAIC_INT8 and MOSAIC_INT8_MIN_CAPACITY. False: Triton's.
+  256 from 16k tokens); INT8 caches likewise by MOSAIC_INT8 and MOSAIC_INT8_MIN_CAPACITY (the same rule).
+  False: Triton's.
   Other caches: NotImplementedError if set."""
   if window is not None and (int(window) != window or window < 1):
     raise ValueError(f"window must be a positive integer or None, got {window!r}")
