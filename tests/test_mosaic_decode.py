@@ -13,7 +13,7 @@ import pytest
 
 from kvjax import attention, cache as kvcache, formats
 from pallas_kernels import test_base
-from pallas_kernels.gpu import mosaic_decode as md, ops
+from pallas_kernels.gpu import mosaic_decode as md, mosaic_kivi as mk, ops
 
 
 def _cache(lengths, capacity=512, kv_heads=1, appends=0, seed=0, layout="", fmt="kivi2_g128", head_dim=128):
@@ -311,6 +311,9 @@ def test_refuses_what_it_does_not_take():
   assert md.supports(kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, 128)) is None  # G=32, repacked
   with pytest.raises(ValueError, match="cache: format .* is not KIVI"):
     md.decode_attention(jnp.zeros((1, 4, 1, 128)), kvcache.init_cache(formats.preset("int8"), 1, 1, 256, 128))
+  diag = dataclasses.replace(mk.VARIANTS[md.DEFAULT_VARIANT], timing_only="scale")  # wrong states, timing only
+  with pytest.raises(ValueError, match="variant: Options.timing_only='scale' makes wrong attention"):
+    md.decode_attention(jnp.zeros((1, 4, 1, 128)), c, variant=diag, interpret=True)
 
 
 def test_precision_on_the_reference_lm(tmp_path):

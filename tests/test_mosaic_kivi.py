@@ -47,6 +47,8 @@ _opts = lambda v: v if isinstance(v, mk.Options) else mk.VARIANTS[v]
 
 def test_interpreted_presets_cover_every_option():
   for field in dataclasses.fields(mk.Options):
+    if field.name == "timing_only":  # a diagnostic with wrong states: test_timing_only_builds_drop_the_dequant
+      continue
     # the default and min_share=4 run in test_balanced_splits_share_the_live_tiles
     seen = {getattr(_opts(v), field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT, "dequant_denorm_s32_mb4")}
     assert len(seen) >= 2, field.name
@@ -259,6 +261,24 @@ def test_options_are_validated():
     mk.Options(lag=9)
   with pytest.raises(ValueError, match="opaque_magic needs unpack='mask'"):
     mk.Options(opaque_magic=True)
+
+
+@pytest.mark.parametrize("drop", ["scale", "unpack"])
+def test_timing_only_builds_drop_the_dequant(drop):
+  """`Options.timing_only` (a timing diagnostic for mosaic_sass.py) runs the same step shapes but skips the
+  dequantization, so its states differ from the reference's (decode_attention refuses it: test_mosaic_decode)."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=(512, 200))
+  opt = dataclasses.replace(DENORM_FIXED, timing_only=drop)
+  o, m, l = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz, num_splits=2,
+                            interpret=True, variant=opt)
+  ro, rm, rl = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=2)
+  assert o.shape == ro.shape and m.shape == rm.shape and l.shape == rl.shape
+  finite = np.isfinite(np.asarray(o))
+  assert not finite.all() or test_base.relative_error(np.asarray(o), np.asarray(ro)) > 0.1
+  with pytest.raises(ValueError, match="timing_only must be '', or 'scale' / 'unpack' with unpack='denorm'"):
+    mk.Options(dequant_in_a=True, unpack="mask", timing_only="scale")
+  with pytest.raises(ValueError, match="timing_only must be"):
+    mk.Options(dequant_in_a=True, unpack="denorm", timing_only="all")
 
 
 def test_exact_planes_are_the_codes():

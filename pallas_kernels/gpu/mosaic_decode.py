@@ -283,6 +283,9 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
   if variant is None:
     variant = default_variant(cache)
   opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
+  if opt.timing_only:
+    raise ValueError(f"variant: Options.timing_only={opt.timing_only!r} makes wrong attention (a timing "
+                     "diagnostic for benchmarks/mosaic_sass.py); decode_attention needs it ''")
   if num_splits is None:
     num_splits = default_splits(b, kh, cache.capacity // mk.TILE, opt.tiles_per_step)
   window = resolved_window(cache, window, variant)

@@ -128,6 +128,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     are subnormals, the scales and zeros carry the factors (`planes.denorm_factors`), already there when
     `prescaled` (converted once per tile), else applied to each [16] vector here."""
     hi = [None] * len(words)
+    if opt.timing_only == "unpack":  # diagnostic (`Options.timing_only`): the words as fp16, states wrong
+      return [(functools.partial(lax.bitcast_convert_type, words[i // per_word], jnp.float16),
+               b_ref.at[pl.ds(16 * i, 16)]) for i in range(len(words) * per_word)]
     if opt.unpack in ("mask", "denorm"):
       sh = planes.hi_shift(bits)
       hi = [planes.shr_pairs(w, sh, interpret) if opt.shift32 else lax.shift_right_logical(w, jnp.uint16(sh))
@@ -137,6 +140,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       t, m = divmod(i, per_word)
       w, hw = words[t], hi[t]
       rows = w.shape[0]
+      if opt.timing_only == "scale":  # diagnostic: the masked plane without its scale and zero
+        return planes.plane_denorm(w, hw, m, bits)
       if opt.unpack == "denorm":
         f = lambda ref, e: col(ref, i, rows, None if prescaled else jnp.float16(2.0 ** e), glayout, half)
         return (planes.plane_denorm(w, hw, m, bits) * f(scale_ref, planes.denorm_scale_log2(m, bits))

@@ -68,6 +68,10 @@ class Options:
   min_share: with `balance`, each split takes at least this many steps of the live ones (the splits past
     them none): a short sequence in a long cache keeps a few programs of several tiles rather than many
     of one (session 17, H200: 4 tiles a program beat 1 or 2 at 1k and 4k, `mosaic_decode.default_splits`).
+  timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
+    (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
+    (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
+    unpacking too (A is the code word itself read as fp16, the same for every plane). Needs unpack="denorm".
   """
   exact: bool = True
   zero_mma: bool = False
@@ -86,8 +90,12 @@ class Options:
   shift32: bool = False
   manual_barriers: bool = False
   min_share: int = 1
+  timing_only: str = ""
 
   def __post_init__(self):
+    if self.timing_only not in ("", "scale", "unpack") or self.timing_only and self.unpack != "denorm":
+      raise ValueError(f"timing_only must be '', or 'scale' / 'unpack' with unpack='denorm', got "
+                       f"{self.timing_only!r} (unpack={self.unpack!r})")
     if self.zero_mma and not self.exact:
       raise ValueError("zero_mma needs exact planes (the offset's correction is a cross-warp sum anyway)")
     if self.fold_zeros and (self.zero_mma or not self.exact):
