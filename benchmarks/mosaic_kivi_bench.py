@@ -58,7 +58,7 @@ def attend(q, lengths, cache, num_splits, interpret=False, stages=2, variant="ex
   q_t = (q.astype(jnp.float32).reshape(b, kh, rep, h) * (h ** -0.5 * decode.LOG2E)).swapaxes(-1, -2)
   q_t = jnp.pad(q_t, ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
   o_t, m, l = mk.kivi2_states(q_t, lengths, *cache, num_splits=num_splits, interpret=interpret,
-                              stages=stages, variant=variant, **prof)
+                              stages=stages, variant=variant, live_rows=rep, **prof)
   out = decode.combine(o_t.swapaxes(-1, -2), m, l, rep)  # [B, K, rep, H]
   return out.reshape(b, n, 1, h).astype(q.dtype)
 

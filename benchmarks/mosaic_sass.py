@@ -129,7 +129,7 @@ def states_fn(variant, splits, window):
                              window=(*win, 1), merged=(rep, q.dtype), q_scale=scale,
                              merge_by="cluster" if window == "merged_cluster" else md.MERGE_BY).reshape(b, n, 1, h)
     o_t, m, l = mk.kivi2_states(q_t, kern_len, *cache, num_splits=splits, variant=variant,
-                                window=(*win, 1) if window else None)
+                                window=(*win, 1) if window else None, live_rows=rep)
     return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
   return f
 

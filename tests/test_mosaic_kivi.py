@@ -14,6 +14,7 @@ import pytest
 
 from pallas_kernels import test_base
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_kivi as mk, mosaic_planes as planes
+from pallas_kernels.gpu.mosaic_kivi_ref import NEG
 
 
 def _case(lengths=(512, 200)):
@@ -47,7 +48,7 @@ _opts = lambda v: v if isinstance(v, mk.Options) else mk.VARIANTS[v]
 
 def test_interpreted_presets_cover_every_option():
   for field in dataclasses.fields(mk.Options):
-    if field.name == "timing_only":  # a diagnostic with wrong states: test_timing_only_builds_drop_the_dequant
+    if field.name in ("timing_only", "narrow_softmax"):  # their own tests below (narrow: needs live_rows <= 8)
       continue
     # the default and min_share=4 run in test_balanced_splits_share_the_live_tiles
     seen = {getattr(_opts(v), field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT, "dequant_denorm_s32_mb4")}
@@ -261,6 +262,26 @@ def test_options_are_validated():
     mk.Options(lag=9)
   with pytest.raises(ValueError, match="opaque_magic needs unpack='mask'"):
     mk.Options(opaque_magic=True)
+
+
+@pytest.mark.parametrize("lengths,splits,live", [((512, 200), 2, 4), ((0, 129), 4, 8), ((384, 1), 1, 1)])
+def test_narrow_softmax_computes_the_live_rows_only(lengths, splits, live):
+  """live_rows <= 8 (`Options.narrow_softmax`, the default): the first 8 rows' states equal the reference,
+  the other 8 are those of no token; narrow_softmax=False or live_rows > 8 keep all 16 (natively on a GPU)."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
+  args = (q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
+  ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=splits)
+  native = jax.default_backend() == "gpu"  # compiled on an H100 / H200, else Mosaic GPU's interpreter
+  run = lambda opt, rows: mk.kivi2_states(*args, num_splits=splits, interpret=not native, variant=opt, live_rows=rows)
+  o, m, l = map(np.asarray, run(DENORM_FIXED, live))
+  n = mk.NARROW_ROWS
+  _check_states((o[..., :n], m[..., :n], l[..., :n]), [np.asarray(x)[..., :n] for x in ref], DENORM_FIXED)
+  assert (m[..., n:] == NEG).all() and (l[..., n:] == 0).all()
+  assert (o[..., n:] == 0).all()
+  for opt, rows in ((dataclasses.replace(DENORM_FIXED, narrow_softmax=False), live), (DENORM_FIXED, n + 1)):
+    _check_states(run(opt, rows), ref, opt)  # all 16 rows computed
+  with pytest.raises(ValueError, match=r"live_rows must be in \[1, 16\] \(the query rows that hold queries\), got 17"):
+    run(DENORM_FIXED, 17)
 
 
 @pytest.mark.parametrize("drop", ["scale", "unpack"])

@@ -9,6 +9,10 @@ source "$(dirname "$0")/device_setup.sh"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"
 if [[ "$card" != *H200* ]]; then exec bash "$(dirname "$0")/session35_b.sh"; fi
 LIMIT=${CALL_LIMIT_S:-580}
+# the narrow softmax (new this session, the default) natively right before any row runs through it
+timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_kivi.py -k "narrow" > $OUT/pytest_narrow.txt 2>&1
+rc=$?; echo "pytest rc=$rc"; tail -n 3 $OUT/pytest_narrow.txt | cut -c1-300
+if (( rc != 0 )); then echo "narrow softmax not right natively: no rows"; exit 1; fi
 timeout $(( LIMIT - 130 - SECONDS )) python3 benchmarks/throughput.py --models llama3_8b --contexts 32768 --skip-b1 \
   --row-timeout 170 --formats ${TP_FORMATS:-bf16,kivi2,fp8_e4m3,kivi2_g128} --out $OUT/tp_llama_32k_s35a.json \
   > $OUT/tp_log.txt 2>&1

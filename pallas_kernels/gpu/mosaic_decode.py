@@ -338,7 +338,8 @@ def _decode(q, cache, scale, *, num_splits, variant, interpret, window, merge_by
   # glue: the cache's lengths (the kernel subtracts) and the query as it is (the kernel scales and pads)
   o_t, m, l = mk.kivi2_states(q.reshape(b, kh, rep, h) if glue else q_t, None if glue else quantized_lengths,
                               kc, ks, kz, vc, vs, vz, num_splits=num_splits, variant=variant, interpret=interpret,
-                              window=in_kernel, q_scale=scale if glue else None, softcap=softcap, sliding=sliding)
+                              window=in_kernel, q_scale=scale if glue else None, softcap=softcap, sliding=sliding,
+                              live_rows=rep)
   if window == "kernel" and pallas_merge:  # NS + 1 states, the window's last, merged by one Triton kernel
     out = merge.merge_states(o_t, m, l, rep, q.dtype, interpret=interpret, transposed=True)[:, :, :rep]
     return out.reshape(b, n, t, h)

@@ -42,6 +42,7 @@ from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
 
 ROWS = checks.ROWS  # query rows (N of WGMMA), padded; TILE (128) tokens a pipeline step
+NARROW_ROWS = 8  # `Options.narrow_softmax`: the softmax's columns when at most this many rows hold queries
 HEAD_DIMS = checks.HEAD_DIMS
 SLABS = 8     # [rows, 16] k-slabs of a 128-wide operand
 PLANES = 8    # 2-bit codes per uint16 word (4-bit: 4, two word tiles a row)
@@ -50,7 +51,7 @@ PLANES = 8    # 2-bit codes per uint16 word (4-bit: 4, two word tiles a row)
 def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, interpret: bool = False,
                  stages: int = 2, variant: str | Options = "folded_lazy", profile_dir: str = "",
                  profile_space: int = 0, window=None, merged=None, q_scale=None, merge_by: str = "count",
-                 softcap: float | None = None, sliding: int | None = None):
+                 softcap: float | None = None, sliding: int | None = None, live_rows: int | None = None):
   """Per-split flash-decoding states of KIVI-2 / KIVI-4 (G=128 or 32) attention.
 
   q_t [B, K, H, 16] f32 (queries transposed, scaled by softmax scale x log2 e, rows padded to 16);
@@ -81,6 +82,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   applied to every score before the softmax. sliding: None, or a sliding window W (needs `window`): the row of
   query token t (at L - T + t) sees keys in (L - T + t - W, L - T + t]; the balanced splits share the steps
   from the first visible one (`Options.balance`), the others mask.
+  live_rows: how many of the 16 rows hold queries (the rest padding; None: the rows given with q_scale, else
+  16). At most NARROW_ROWS with `Options.narrow_softmax` (a `dequant_in_a` variant): the tiles' softmax runs
+  over the first NARROW_ROWS columns only, and the other rows' states are those of no token (m = NEG, l = 0,
+  o = 0; the window program's are computed in full).
   """
   if q_scale is not None:
     q_rows, q_t = q_t, jax.ShapeDtypeStruct(q_t.shape[:2] + (q_t.shape[3], ROWS), jnp.float32)  # the checks' shape
@@ -89,6 +94,12 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                                                     kz, vc, vs, vz, opt=opt, variant=variant, num_splits=num_splits,
                                                     window=window, merged=merged, merge_by=merge_by,
                                                     softcap=softcap, sliding=sliding)
+  if live_rows is None:
+    live_rows = q_rows.shape[2] if q_scale is not None else ROWS
+  if not 1 <= live_rows <= ROWS:
+    raise ValueError(f"live_rows must be in [1, {ROWS}] (the query rows that hold queries), got {live_rows}")
+  narrow = opt.narrow_softmax and opt.dequant_in_a and live_rows <= NARROW_ROWS
+  width = NARROW_ROWS if narrow else ROWS  # the softmax's columns
   kwpr, vwpr, per_word = h * bits // 16, 8 * bits, 16 // bits  # words a row (keys' h channels, values' 128 tokens)
   vh = h // TILE  # value halves: 128-channel value accumulators; h = 256: value scales [S, 2] a token
   grouped = group != TILE
@@ -166,12 +177,12 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     unpack="denorm": the logits come in / 2^DENORM_LOG2 (scaled back here, exactly) and the
     probabilities go out x 2^DENORM_LOG2 (the values' A holds v / 2^DENORM_LOG2; l is divided at the end).
     softcap: the logits capped first (in their own scale); lo0 (sliding): row n sees tokens > lo0 + n % T."""
-    rows = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
+    rows = lax.broadcasted_iota(jnp.int32, scs[0].shape, 0)
     if softcap is not None:
       scs = [soft_capped(sc, softcap, 2.0 ** DENORM_LOG2 if denorm else 1.0) for sc in scs]
     oks = [(first_tile + j) * TILE + rows < length for j in range(len(scs))]
     if lo0 is not None:
-      lo = lo0 + lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 1) % w_queries
+      lo = lo0 + lax.broadcasted_iota(jnp.int32, scs[0].shape, 1) % w_queries
       oks = [ok & ((first_tile + j) * TILE + rows > lo) for j, ok in enumerate(oks)]
     scs = [jnp.where(ok, sc, NEG) for ok, sc in zip(oks, scs)]
     top = jnp.max(functools.reduce(jnp.maximum, scs), axis=0)
@@ -227,10 +238,13 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                    plane_pairs(word_tiles(rows(kc_s, j, TILE), wgmma_load), q16_smem,
                                scales(kz_s, j, h), scales(ks_s, j, h), magic, once, k_layout)) for j in range(nt)]
       with jax.named_scope("softmax"):
+        if narrow:  # the rows past NARROW_ROWS hold no query: their probabilities stay 0 (m, l carry the first's)
+          scs = [sc[:, :NARROW_ROWS] for sc in scs]
         ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length, lo0)
       with jax.named_scope("vprep"):
         for j, p in enumerate(ps):
-          rows(pt_smem, j, TILE)[...] = p.astype(jnp.float16)
+          rows(pt_smem, j, TILE)[...] = (jnp.concatenate([p, jnp.zeros_like(p)], axis=1) if narrow
+                                         else p).astype(jnp.float16)
         if once:
           to_fp16((vs_s, vz_s), s16[2:], TILE * vh, "tokens")
           vs_s, vz_s = s16[2:]
@@ -239,7 +253,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       with jax.named_scope("vmma"):  # o: one [128, N] accumulator per 128 channels (M = 128 A operands)
         half = lambda ref, u: ref if vh == 1 else ref.at[pl.ds(TILE * u, TILE)]
         shalf = (lambda ref, u: ref) if grouped else half  # grouped: the half's groups by `col`'s offset
-        o = tuple(mma(o_u * alpha[None, :], [
+        o_alpha = jnp.concatenate([alpha, jnp.ones((ROWS - NARROW_ROWS,), jnp.float32)]) if narrow else alpha
+        o = tuple(mma(o_u * o_alpha[None, :], [
             pair for j in range(nt) for pair in plane_pairs(
                 word_tiles(half(rows(vc_s, j, h), u), wgmma_load), rows(pt_smem, j, TILE),
                 shalf(scales(vz_s, j, TILE * vh), u), shalf(scales(vs_s, j, TILE * vh), u), magic, once, v_layout,
@@ -350,10 +365,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         o = mma(o * alpha[None, :], plane_pairs(words, pt_smem, zsv_smem if opt.fold_zeros else None, magic=magic))
       return o, m_new, l_new, cv
 
-    acc_shape = (TILE, ROWS) if opt.lazy_sums else (ROWS,)
+    acc_shape = (TILE, width) if opt.lazy_sums else (width,)
     cv_shape = (1,) if opt.fold_zeros or opt.dequant_in_a else acc_shape  # zeros in A: no value zero term
     o0 = (jnp.zeros((TILE, ROWS), jnp.float32),) * vh if opt.dequant_in_a else jnp.zeros((h, ROWS), jnp.float32)
-    init = (o0, jnp.full((ROWS,), NEG, jnp.float32),
+    init = (o0, jnp.full((width,), NEG, jnp.float32),
             jnp.zeros(acc_shape, jnp.float32), jnp.zeros(cv_shape, jnp.float32))
     nt = opt.tiles_per_step
     steps = per // nt  # steps of nt tiles per split
@@ -381,6 +396,10 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
           cv = jnp.sum(cv, axis=0)
       if denorm:  # the probabilities were stored x 2^DENORM_LOG2
         l_f = l_f * 2.0 ** -DENORM_LOG2
+      if narrow:  # the rows past NARROW_ROWS: no token's state
+        pad = ROWS - NARROW_ROWS
+        m_f = jnp.concatenate([m_f, jnp.full((pad,), NEG, jnp.float32)])
+        l_f = jnp.concatenate([l_f, jnp.zeros((pad,), jnp.float32)])
       emit(o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :], m_f, l_f)
 
     def window_program():

@@ -68,6 +68,10 @@ class Options:
   min_share: with `balance`, each split takes at least this many steps of the live ones (the splits past
     them none): a short sequence in a long cache keeps a few programs of several tiles rather than many
     of one (session 17, H200: 4 tiles a program beat 1 or 2 at 1k and 4k, `mosaic_decode.default_splits`).
+  narrow_softmax: with `dequant_in_a`, where at most 8 of the 16 query rows hold queries (`kivi2_states`'
+    live_rows: GQA 4 heads x 1 token, Llama-3-8B; Gemma 2's 2 heads x up to 4 tokens), the tiles' softmax
+    over those 8 columns only, the other 8's probabilities stored as 0 (session 35's SASS, compiled for an H200:
+    770 -> 677 instructions a tile, 127 -> 113 registers).
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
@@ -90,6 +94,7 @@ class Options:
   shift32: bool = False
   manual_barriers: bool = False
   min_share: int = 1
+  narrow_softmax: bool = True
   timing_only: str = ""
 
   def __post_init__(self):
