@@ -116,7 +116,7 @@ def states_fn(variant, splits, window):
     q_t = jnp.pad(q_t, ((0, 0), (0, 0), (0, 0), (0, mk.ROWS - rep)))
     if isinstance(variant, mf.Fp8Options):  # "gemma": Gemma 2's soft-cap and sliding window
       gemma = dict(softcap=50.0, sliding=4096) if window == "gemma" else {}
-      o_t, m, l = mf.fp8_states(q_t, lengths, *cache, num_splits=splits, options=variant, **gemma)
+      o_t, m, l = mf.fp8_states(q_t, lengths, *cache, num_splits=splits, options=variant, live_rows=rep, **gemma)
       return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
     kern_len = jnp.maximum(lengths - mk.TILE, 0) if window else lengths
     if window in ("glue", "gemma"):  # as `mosaic_decode` calls it by default: q as given, the lengths from the window's

@@ -14,7 +14,8 @@ import pytest
 from fp8_cases import fp8_case, merged_states  # tests/fp8_cases.py, a plain module (conftest)
 from kvjax import cache as cache_lib, formats
 from pallas_kernels import test_base
-from pallas_kernels.gpu import mosaic_fp8 as mf, ops
+from pallas_kernels.gpu import mosaic_fp8 as mf, mosaic_kivi as mk, ops
+from pallas_kernels.gpu.mosaic_kivi_ref import NEG
 
 INTERPRET = jax.default_backend() != "gpu"
 
@@ -39,6 +40,26 @@ def test_states_match_reference_in_the_interpreter(dtype, scale_dtype, lengths, 
   if splits == 1:  # one split: the same tokens, so the states themselves
     assert test_base.relative_error(l, rl) < 2e-3
     np.testing.assert_allclose(np.asarray(m)[np.asarray(rl) > 0], np.asarray(rm)[np.asarray(rl) > 0], atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.int8], ids=["e4m3", "int8"])
+@pytest.mark.parametrize("live,queries", [(4, 1), (8, 2), (1, 1)])
+def test_narrow_softmax_computes_the_live_rows_only(dtype, live, queries):
+  """live_rows <= 8 (`Fp8Options.narrow_softmax`, the default): the first 8 rows' attention equals the
+  reference's, the other 8 rows' states are no token's; narrow_softmax=False or live_rows > 8 keep all 16
+  (natively on a GPU, else in the interpreter)."""
+  q_t, ln, k, ks, v, vs = fp8_case((512, 0, 1, 200), dtype)
+  run = lambda opts, rows: mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries, options=opts,
+                                         live_rows=rows, interpret=INTERPRET)
+  ref = merged_states(*mf.reference_states(q_t, ln, k, ks, v, vs, num_splits=2, num_queries=queries))
+  n = mk.NARROW_ROWS
+  o, m, l = map(np.asarray, run(mf.Fp8Options(), live))
+  assert test_base.relative_error(merged_states(o, m, l)[:, :, :n], ref[:, :, :n]) < 2e-3
+  assert (m[..., n:] == NEG).all() and (l[..., n:] == 0).all() and (o[..., n:] == 0).all()
+  for opts, rows in ((mf.Fp8Options(narrow_softmax=False), live), (mf.Fp8Options(), n + 1)):
+    assert test_base.relative_error(merged_states(*run(opts, rows)), ref) < 2e-3
+  with pytest.raises(ValueError, match=r"live_rows must be in \[1, 16\] \(the query rows that hold queries\), got 0"):
+    run(mf.Fp8Options(), 0)
 
 
 def _fused_case(lengths, rows, dtype=jnp.float8_e4m3fn, q_dtype=jnp.bfloat16, **kw):

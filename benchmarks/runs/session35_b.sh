@@ -12,7 +12,8 @@
 set -u
 source "$(dirname "$0")/device_setup.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_kivi.py -k "narrow" > $OUT/pytest_narrow.txt 2>&1
+timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_kivi.py tests/test_mosaic_fp8.py -k "narrow" \
+  > $OUT/pytest_narrow.txt 2>&1
 echo "pytest rc=$?"; tail -n 3 $OUT/pytest_narrow.txt | cut -c1-300
 timeout 150 python3 benchmarks/decode_kernels.py --check --check-quick --check-formats kivi2_g128,kivi2,kivi4 \
   --batches 1 --contexts 1024 --formats kivi2_g128 --peers "" --step-batches 0 --reps 1 --stream-gb 1 \

@@ -90,7 +90,7 @@ def split_e4m3(q_t, terms: int):
 
 def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int = 64, num_queries: int = 1,
                interpret: bool = False, options: Fp8Options = Fp8Options(), softcap: float | None = None,
-               sliding: int | None = None):
+               sliding: int | None = None, live_rows: int = ROWS):
   """Per-split flash-decoding states of FP8 attention with per-token scales.
 
   q_t [B, K, H, 16] f32 (queries transposed, times softmax scale x log2 e, rows padded to 16; row r is
@@ -100,13 +100,16 @@ def fp8_states(q_t, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int =
   stored as its [H, value_tile] transpose (as the cache's tiled value layout); vs [B, K, S]. H = 128 or 256.
   softcap: None, or the logits' soft-cap (`cap tanh(s / cap)` of the natural-log logits, Gemma 2); sliding: None,
   or a window W (query row r sees the tokens after its position minus W; the splits share the steps from the
-  first token any row sees). Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16]) in f32, m and l in the log2
+  first token any row sees). live_rows: the rows that hold queries (the rest padding); at most 8 with
+  `Fp8Options.narrow_softmax`, the softmax runs over 8 columns and the other rows' states are no token's (m = NEG,
+  l = 0, o = 0). Returns (o_t [B, K, NS, H, 16], m, l [B, K, NS, 16]) in f32, m and l in the log2
   domain (`decode.combine` merges them)."""
   b, kh, h, n = q_t.shape
   if h not in HEAD_DIMS or n != ROWS:
     raise ValueError(f"q_t must be [B, K, H, {ROWS}] with H in {HEAD_DIMS}, got {q_t.shape}")
   return _run(q_t, None, lengths, k, ks, v, vs, num_splits=num_splits, value_tile=value_tile,
-              num_queries=num_queries, interpret=interpret, options=options, softcap=softcap, sliding=sliding)
+              num_queries=num_queries, interpret=interpret, options=options, softcap=softcap, sliding=sliding,
+              live_rows=live_rows)
 
 
 def fp8_attention(q, scale, lengths, k, ks, v, vs, *, num_splits: int, value_tile: int = 64,
@@ -133,7 +136,7 @@ def fp8_attention(q, scale, lengths, k, ks, v, vs, *, num_splits: int, value_til
     q = q[..., jnp.array(_perm(h))]
   return _run(q, jnp.reshape(jnp.asarray(scale, jnp.float32), (1,)), lengths, k, ks, v, vs,
               num_splits=num_splits, value_tile=value_tile, num_queries=num_queries, interpret=interpret,
-              options=options, softcap=softcap, sliding=sliding)
+              options=options, softcap=softcap, sliding=sliding, live_rows=rows)
 
 
 def _perm(h):
@@ -141,7 +144,7 @@ def _perm(h):
 
 
 def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_queries, interpret, options, softcap,
-         sliding):
+         sliding, live_rows):
   """The kernel: states of q_in = q_t (scale None), or merged attention of q_in = q rows x scale."""
   merged = scale is not None
   b, kh = q_in.shape[:2]
@@ -154,6 +157,10 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     raise ValueError(f"the capacity {s} must be a multiple of {tile} and num_splits >= 1, got {num_splits}")
   if not 1 <= num_queries <= ROWS:
     raise ValueError(f"num_queries must be in [1, {ROWS}], got {num_queries}")
+  if not 1 <= live_rows <= ROWS:
+    raise ValueError(f"live_rows must be in [1, {ROWS}] (the query rows that hold queries), got {live_rows}")
+  narrow = opt.narrow_softmax and live_rows <= mk.NARROW_ROWS
+  width = mk.NARROW_ROWS if narrow else ROWS  # the softmax's columns
   if opt.key_terms and h != HALF:
     raise ValueError(f"key_terms (8-bit key products) take head_dim {HALF}, got {h}")
   if softcap is not None and not softcap > 0:
@@ -245,7 +252,7 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     first, steps = balanced_range(length, si, num_splits=num_splits, tile=tile, capacity_steps=steps_cap,
                                   min_share=opt.min_share,
                                   start=None if lo0 is None else lax.div(jnp.maximum(lo0 + 1, 0), tile))
-    col = lax.broadcasted_iota(jnp.int32, (tile, ROWS), 1)
+    col = lax.broadcasted_iota(jnp.int32, (tile, width), 1)
     qpos = length - num_queries + col % num_queries  # each query row's position (causal)
     lo = None if lo0 is None else lo0 + col % num_queries
 
@@ -267,11 +274,13 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
           sc = mma(jnp.zeros((tile, ROWS), jnp.float32),
                    list(zip(a_ops, [q_smem.at[pl.ds(SLAB * m, SLAB)] for m in range(h // SLAB)])))
       with jax.named_scope("softmax"):
+        if narrow:  # the rows past NARROW_ROWS hold no query: their probabilities stay 0
+          sc = sc[:, :mk.NARROW_ROWS]
         kscale = ks_s[...].astype(jnp.float32)
         sc = sc * (kscale if key_scale is None else kscale * key_scale)[:, None]
         if softcap is not None:
           sc = soft_capped(sc, softcap)
-        tok = (first + idx[0]) * tile + lax.broadcasted_iota(jnp.int32, (tile, ROWS), 0)
+        tok = (first + idx[0]) * tile + lax.broadcasted_iota(jnp.int32, (tile, width), 0)
         ok = tok <= qpos if lo is None else (tok <= qpos) & (tok > lo)
         sc = jnp.where(ok, sc, NEG)
         m_new = jnp.maximum(m_prev, jnp.max(sc, axis=0))
@@ -279,12 +288,14 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
         p = jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0)
         l_new = l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
       with jax.named_scope("vprep"):
-        pt_smem[...] = (p * (vs_s[...].astype(jnp.float32) * fold)[:, None]).astype(jnp.float16)
+        pv = p * (vs_s[...].astype(jnp.float32) * fold)[:, None]
+        pt_smem[...] = (jnp.concatenate([pv, jnp.zeros_like(pv)], axis=1) if narrow else pv).astype(jnp.float16)
         plgpu.commit_smem()
       with jax.named_scope("vmma"):  # o: one [128, N] accumulator per 128 channels (M = 128 A operands)
         per = value_tile // SLAB
         b_ops = [pt_smem.at[pl.ds(SLAB * j, SLAB)] for j in range(tile // SLAB)]
-        o = tuple(mma(o_u * alpha[None, :], list(zip(
+        o_alpha = jnp.concatenate([alpha, jnp.ones((ROWS - width,), jnp.float32)]) if narrow else alpha
+        o = tuple(mma(o_u * o_alpha[None, :], list(zip(
             [a for t in range(vt_per_step)
              for a in slabs(v_s.at[pl.ds(t * h + HALF * u, HALF)], per, value_tiles is not code_tiles)], b_ops)))
             for u, o_u in enumerate(o))
@@ -292,8 +303,8 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
         plgpu.commit_smem()
       return o, m_new, l_new
 
-    l_shape = (tile, ROWS) if opt.lazy_sums else (ROWS,)
-    init = ((jnp.zeros((HALF, ROWS), jnp.float32),) * vh, jnp.full((ROWS,), NEG, jnp.float32),
+    l_shape = (tile, width) if opt.lazy_sums else (width,)
+    init = ((jnp.zeros((HALF, ROWS), jnp.float32),) * vh, jnp.full((width,), NEG, jnp.float32),
             jnp.zeros(l_shape, jnp.float32))
     pipe = plgpu.emit_pipeline(
         step, grid=(steps,), max_concurrent_steps=opt.stages, init_carry=init,
@@ -304,6 +315,9 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     o, m_f, l_f = pipe(k_g.at[bi, ki], v_g.at[bi, ki], ks_g.at[bi, ki], vs_g.at[bi, ki])
     o = tuple(o_u * (1.0 / fold) for o_u in o)
     l_f = jnp.sum(l_f, axis=0) if opt.lazy_sums else l_f
+    if narrow:  # the rows past NARROW_ROWS: no token's state
+      m_f = jnp.concatenate([m_f, jnp.full((ROWS - width,), NEG, jnp.float32)])
+      l_f = jnp.concatenate([l_f, jnp.zeros((ROWS - width,), jnp.float32)])
     if split_merge:
       epilogue.merge_states(o[0], m_f, l_f, outs[:3], outs[3], sync, epilogue.merge_counters(opt.merge, b, kh),
                             merge_by=opt.merge, num_splits=num_splits, interpret=interpret)
@@ -456,6 +470,6 @@ def _decode(q, cache, scale, *, num_splits, interpret, options, softcap, sliding
   qs = q.astype(jnp.float32).reshape(b, kh, rows, h) * scale
   q_t = jnp.pad(qs.swapaxes(-1, -2), ((0, 0), (0, 0), (0, 0), (0, ROWS - rows)))
   o_t, m, l = fp8_states(q_t, *arrays, num_splits=num_splits, value_tile=cache.v.tile, num_queries=t,
-                         interpret=interpret, options=options, **caps)
+                         interpret=interpret, options=options, live_rows=rows, **caps)
   out = decode.combine(o_t.swapaxes(-1, -2), m, l, rows)
   return out.reshape(b, n, t, h).astype(q.dtype)

@@ -215,6 +215,8 @@ class Fp8Options:
     are still to run.
   int8_prmt: INT8 caches' codes converted to fp16 by prmt / xor / sub.f16x2 (three instructions a pair,
     `mosaic_registers.int8_as_f16`) instead of Mosaic's `astype` (one I2F a code plus byte moves). FP8: no effect.
+  narrow_softmax: where at most 8 of the 16 query rows hold queries (`fp8_states`' live_rows), the softmax over
+    those 8 columns only (as `Options.narrow_softmax`).
   merge: with fused and splits > 1, how the splits' states meet (`MERGES`): "count" (no
     cluster: each program counts itself in a global counter, the last merges) or "cluster" (the splits of a
     (b, k) one cluster, merged by its first program after a cluster barrier). The cluster of 4 measured 36%
@@ -234,6 +236,7 @@ class Fp8Options:
   key_perm: bool = False
   fused: bool = False
   int8_prmt: bool = True
+  narrow_softmax: bool = True
   merge: str = "count"
 
   def __post_init__(self):
