@@ -70,8 +70,9 @@ class Options:
     of one (session 17, H200: 4 tiles a program beat 1 or 2 at 1k and 4k, `mosaic_decode.default_splits`).
   narrow_softmax: with `dequant_in_a`, where at most 8 of the 16 query rows hold queries (`kivi2_states`'
     live_rows: GQA 4 heads x 1 token, Llama-3-8B; Gemma 2's 2 heads x up to 4 tokens), the tiles' softmax
-    over those 8 columns only, the other 8's probabilities stored as 0 (session 35's SASS, compiled for an H200:
-    770 -> 677 instructions a tile, 127 -> 113 registers).
+    over those 8 columns only, the other 8's probabilities stored as 0 (session 35, KIVI-2 G=128 through
+    `decode_attention`: 758 -> 675 SASS a tile compiled for an H200, 128 -> 117 registers; B=8 32k on an H100
+    113.15 -> 104.94 us).
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
