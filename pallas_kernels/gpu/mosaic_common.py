@@ -1,5 +1,6 @@
 """Pieces the Mosaic GPU decode kernels share (`mosaic_kivi`, `mosaic_fp8`): the WGMMA chain over register A
-operands built right before each instruction, the balanced split of the live steps, and the logit soft-cap."""
+operands built right before each instruction, the balanced split of the live steps, the logit soft-cap, and the
+narrow softmax's padding back to WGMMA's 16 columns."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["wgmma_sum", "balanced_range", "soft_capped"]
+__all__ = ["wgmma_sum", "balanced_range", "soft_capped", "widened"]
 
 LOG2E = math.log2(math.e)  # the kernels' logits are in the log2 domain (the query carries the scale x log2 e)
 
@@ -55,3 +56,9 @@ def soft_capped(sc, cap: float, k: float = 1.0):
   c tanh(sc / c) with c = cap log2(e) / k."""
   c = cap * LOG2E / k
   return c * jnp.tanh(sc * (1.0 / c))
+
+
+def widened(x, fill: float):
+  """x [..., 8] -> [..., 16], the other 8 columns `fill`: the narrow softmax's (`Options.narrow_softmax`)
+  probabilities (0), o's rescale (1) and final states (m NEG, l 0) back at WGMMA's 16 query rows."""
+  return jnp.concatenate([x, jnp.full_like(x, fill)], axis=-1)

@@ -51,7 +51,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kvjax.formats import FP8Spec, IntSpec
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_epilogue as epilogue, mosaic_kivi as mk
-from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum
+from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum, widened
 from pallas_kernels.gpu.mosaic_options import Fp8Options
 from pallas_kernels.gpu.mosaic_registers import INT8_PRMT, KEY_PERM, SLAB, as_wgmma, int8_as_f16
 
@@ -289,12 +289,12 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
         l_new = l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
       with jax.named_scope("vprep"):
         pv = p * (vs_s[...].astype(jnp.float32) * fold)[:, None]
-        pt_smem[...] = (jnp.concatenate([pv, jnp.zeros_like(pv)], axis=1) if narrow else pv).astype(jnp.float16)
+        pt_smem[...] = (widened(pv, 0.0) if narrow else pv).astype(jnp.float16)
         plgpu.commit_smem()
       with jax.named_scope("vmma"):  # o: one [128, N] accumulator per 128 channels (M = 128 A operands)
         per = value_tile // SLAB
         b_ops = [pt_smem.at[pl.ds(SLAB * j, SLAB)] for j in range(tile // SLAB)]
-        o_alpha = jnp.concatenate([alpha, jnp.ones((ROWS - width,), jnp.float32)]) if narrow else alpha
+        o_alpha = widened(alpha, 1.0) if narrow else alpha
         o = tuple(mma(o_u * o_alpha[None, :], list(zip(
             [a for t in range(vt_per_step)
              for a in slabs(v_s.at[pl.ds(t * h + HALF * u, HALF)], per, value_tiles is not code_tiles)], b_ops)))
@@ -316,8 +316,7 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     o = tuple(o_u * (1.0 / fold) for o_u in o)
     l_f = jnp.sum(l_f, axis=0) if opt.lazy_sums else l_f
     if narrow:  # the rows past NARROW_ROWS: no token's state
-      m_f = jnp.concatenate([m_f, jnp.full((ROWS - width,), NEG, jnp.float32)])
-      l_f = jnp.concatenate([l_f, jnp.zeros((ROWS - width,), jnp.float32)])
+      m_f, l_f = widened(m_f, NEG), widened(l_f, 0.0)
     if split_merge:
       epilogue.merge_states(o[0], m_f, l_f, outs[:3], outs[3], sync, epilogue.merge_counters(opt.merge, b, kh),
                             merge_by=opt.merge, num_splits=num_splits, interpret=interpret)

@@ -35,14 +35,14 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_kivi_checks as checks
 from pallas_kernels.gpu import mosaic_kivi_window as window_lib, mosaic_planes as planes
-from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum
+from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum, widened
 from pallas_kernels.gpu.mosaic_kivi_ref import NEG, TILE, pack_keys, pack_values, reference_states, unpack_keys
 from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 
 __all__ = ["TILE", "ROWS", "Options", "VARIANTS", "pack_keys", "unpack_keys", "pack_values", "kivi2_states", "reference_states"]
 
 ROWS = checks.ROWS  # query rows (N of WGMMA), padded; TILE (128) tokens a pipeline step
-NARROW_ROWS = 8  # `Options.narrow_softmax`: the softmax's columns when at most this many rows hold queries
+NARROW_ROWS = ROWS // 2  # `Options.narrow_softmax`: the softmax's columns where at most this many rows hold queries
 HEAD_DIMS = checks.HEAD_DIMS
 SLABS = 8     # [rows, 16] k-slabs of a 128-wide operand
 PLANES = 8    # 2-bit codes per uint16 word (4-bit: 4, two word tiles a row)
@@ -243,8 +243,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length, lo0)
       with jax.named_scope("vprep"):
         for j, p in enumerate(ps):
-          rows(pt_smem, j, TILE)[...] = (jnp.concatenate([p, jnp.zeros_like(p)], axis=1) if narrow
-                                         else p).astype(jnp.float16)
+          rows(pt_smem, j, TILE)[...] = (widened(p, 0.0) if narrow else p).astype(jnp.float16)
         if once:
           to_fp16((vs_s, vz_s), s16[2:], TILE * vh, "tokens")
           vs_s, vz_s = s16[2:]
@@ -253,7 +252,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       with jax.named_scope("vmma"):  # o: one [128, N] accumulator per 128 channels (M = 128 A operands)
         half = lambda ref, u: ref if vh == 1 else ref.at[pl.ds(TILE * u, TILE)]
         shalf = (lambda ref, u: ref) if grouped else half  # grouped: the half's groups by `col`'s offset
-        o_alpha = jnp.concatenate([alpha, jnp.ones((ROWS - NARROW_ROWS,), jnp.float32)]) if narrow else alpha
+        o_alpha = widened(alpha, 1.0) if narrow else alpha
         o = tuple(mma(o_u * o_alpha[None, :], [
             pair for j in range(nt) for pair in plane_pairs(
                 word_tiles(half(rows(vc_s, j, h), u), wgmma_load), rows(pt_smem, j, TILE),
@@ -397,9 +396,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       if denorm:  # the probabilities were stored x 2^DENORM_LOG2
         l_f = l_f * 2.0 ** -DENORM_LOG2
       if narrow:  # the rows past NARROW_ROWS: no token's state
-        pad = ROWS - NARROW_ROWS
-        m_f = jnp.concatenate([m_f, jnp.full((pad,), NEG, jnp.float32)])
-        l_f = jnp.concatenate([l_f, jnp.zeros((pad,), jnp.float32)])
+        m_f, l_f = widened(m_f, NEG), widened(l_f, 0.0)
       emit(o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :], m_f, l_f)
 
     def window_program():
