@@ -12,7 +12,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["wgmma_sum", "balanced_range", "soft_capped", "widened"]
+__all__ = ["wgmma_sum", "balanced_range", "soft_capped", "softmax_columns", "widened"]
 
 LOG2E = math.log2(math.e)  # the kernels' logits are in the log2 domain (the query carries the scale x log2 e)
 
@@ -56,6 +56,15 @@ def soft_capped(sc, cap: float, k: float = 1.0):
   c tanh(sc / c) with c = cap log2(e) / k."""
   c = cap * LOG2E / k
   return c * jnp.tanh(sc * (1.0 / c))
+
+
+def softmax_columns(live_rows: int, rows: int, enabled: bool):
+  """(narrow, width): whether the tiles' softmax runs over the first rows // 2 of WGMMA's `rows` query columns
+  (`narrow_softmax` enabled and at most that many rows hold queries) and how many columns it runs over."""
+  if not 1 <= live_rows <= rows:
+    raise ValueError(f"live_rows must be in [1, {rows}] (the query rows that hold queries), got {live_rows}")
+  narrow = enabled and live_rows <= rows // 2
+  return narrow, rows // 2 if narrow else rows
 
 
 def widened(x, fill: float):

@@ -51,7 +51,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kvjax.formats import FP8Spec, IntSpec
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_epilogue as epilogue, mosaic_kivi as mk
-from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum, widened
+from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, softmax_columns, wgmma_sum, widened
 from pallas_kernels.gpu.mosaic_options import Fp8Options
 from pallas_kernels.gpu.mosaic_registers import INT8_PRMT, KEY_PERM, SLAB, as_wgmma, int8_as_f16
 
@@ -157,10 +157,7 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     raise ValueError(f"the capacity {s} must be a multiple of {tile} and num_splits >= 1, got {num_splits}")
   if not 1 <= num_queries <= ROWS:
     raise ValueError(f"num_queries must be in [1, {ROWS}], got {num_queries}")
-  if not 1 <= live_rows <= ROWS:
-    raise ValueError(f"live_rows must be in [1, {ROWS}] (the query rows that hold queries), got {live_rows}")
-  narrow = opt.narrow_softmax and live_rows <= mk.NARROW_ROWS
-  width = mk.NARROW_ROWS if narrow else ROWS  # the softmax's columns
+  narrow, width = softmax_columns(live_rows, ROWS, opt.narrow_softmax)  # the softmax's columns
   if opt.key_terms and h != HALF:
     raise ValueError(f"key_terms (8-bit key products) take head_dim {HALF}, got {h}")
   if softcap is not None and not softcap > 0:
@@ -275,7 +272,7 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
                    list(zip(a_ops, [q_smem.at[pl.ds(SLAB * m, SLAB)] for m in range(h // SLAB)])))
       with jax.named_scope("softmax"):
         if narrow:  # the rows past NARROW_ROWS hold no query: their probabilities stay 0
-          sc = sc[:, :mk.NARROW_ROWS]
+          sc = sc[:, :width]
         kscale = ks_s[...].astype(jnp.float32)
         sc = sc * (kscale if key_scale is None else kscale * key_scale)[:, None]
         if softcap is not None:

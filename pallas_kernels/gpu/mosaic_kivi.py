@@ -35,7 +35,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_kivi_checks as checks
 from pallas_kernels.gpu import mosaic_kivi_window as window_lib, mosaic_planes as planes
-from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, wgmma_sum, widened
+from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, softmax_columns, wgmma_sum, widened
 from pallas_kernels.gpu.mosaic_kivi_ref import NEG, TILE, pack_keys, pack_values, reference_states, unpack_keys
 from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 
@@ -96,10 +96,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                                                     softcap=softcap, sliding=sliding)
   if live_rows is None:
     live_rows = q_rows.shape[2] if q_scale is not None else ROWS
-  if not 1 <= live_rows <= ROWS:
-    raise ValueError(f"live_rows must be in [1, {ROWS}] (the query rows that hold queries), got {live_rows}")
-  narrow = opt.narrow_softmax and opt.dequant_in_a and live_rows <= NARROW_ROWS
-  width = NARROW_ROWS if narrow else ROWS  # the softmax's columns
+  narrow, width = softmax_columns(live_rows, ROWS, opt.narrow_softmax and opt.dequant_in_a)  # the softmax's columns
   kwpr, vwpr, per_word = h * bits // 16, 8 * bits, 16 // bits  # words a row (keys' h channels, values' 128 tokens)
   vh = h // TILE  # value halves: 128-channel value accumulators; h = 256: value scales [S, 2] a token
   grouped = group != TILE
@@ -239,7 +236,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                                scales(kz_s, j, h), scales(ks_s, j, h), magic, once, k_layout)) for j in range(nt)]
       with jax.named_scope("softmax"):
         if narrow:  # the rows past NARROW_ROWS hold no query: their probabilities stay 0 (m, l carry the first's)
-          scs = [sc[:, :NARROW_ROWS] for sc in scs]
+          scs = [sc[:, :width] for sc in scs]
         ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length, lo0)
       with jax.named_scope("vprep"):
         for j, p in enumerate(ps):
