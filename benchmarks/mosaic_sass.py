@@ -42,6 +42,16 @@ REGS_PER_SM, THREADS = 65536, 128  # one warpgroup per program
 SMEM_PER_SM = 228 * 1024  # H100 / H200
 
 
+def pipeline_stages(text: str):
+  """(the build's text without '+stages=N', N or 2): the KIVI kernel's pipeline depth, not an Options field
+  (an FP8 build's `Fp8Options.stages` stays in its text)."""
+  parts = text.split("+")
+  if parts[0] == "fp8":
+    return text, 2
+  stages = [int(p.partition("=")[2]) for p in parts if p.startswith("stages=")]
+  return "+".join(p for p in parts if not p.startswith("stages=")), stages[-1] if stages else 2
+
+
 def variant_options(text: str):
   """'preset' or 'preset+field=value+...' (an `mk.Options` field over a preset: 'dequant_denorm+lag=2');
   'fp8[+field=value...]': an `mf.Fp8Options`."""
@@ -73,7 +83,7 @@ def parse_builds(text):
     if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in kinds):
       raise ValueError(f"--builds: each item must be name:variant[:{'|:'.join(kinds)}], got "
                        f"{item!r}")
-    variant_options(parts[1])
+    variant_options(pipeline_stages(parts[1])[0])
     out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else ""))
   return out
 
@@ -101,7 +111,7 @@ def fp8_caches(b, ctx, key, dtype=jnp.float8_e4m3fn):
   return caches, nbytes * (ctx - 256) / ctx, jnp.full((b,), ctx - 256, jnp.int32)
 
 
-def states_fn(variant, splits, window):
+def states_fn(variant, splits, window, stages=2):
   """q [B, N, 1, H] + a cache -> [B, N, 1, H] through the kernel's states and the XLA merge, or the kernel
   alone where it preps q and merges (an FP8 build with fused=True: `fp8_attention`; window "merged")."""
   def f(q, lengths, cache, win):  # win: (full lengths, k_res, v_res); one query token
@@ -122,14 +132,14 @@ def states_fn(variant, splits, window):
     if window in ("glue", "gemma"):  # as `mosaic_decode` calls it by default: q as given, the lengths from the window's
       gemma = dict(softcap=50.0, sliding=4096) if window == "gemma" else {}
       o_t, m, l = mk.kivi2_states(q.reshape(b, kh, rep, h), None, *cache, num_splits=splits, variant=variant,
-                                  window=(*win, 1), q_scale=scale, **gemma)
+                                  window=(*win, 1), q_scale=scale, stages=stages, **gemma)
       return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
     if window.startswith("merged"):  # as `mosaic_decode` calls it: q as given, prepared and merged in the kernel
       return mk.kivi2_states(q.reshape(b, kh, rep, h), kern_len, *cache, num_splits=splits, variant=variant,
                              window=(*win, 1), merged=(rep, q.dtype), q_scale=scale,
                              merge_by="cluster" if window == "merged_cluster" else md.MERGE_BY).reshape(b, n, 1, h)
     o_t, m, l = mk.kivi2_states(q_t, kern_len, *cache, num_splits=splits, variant=variant,
-                                window=(*win, 1) if window else None, live_rows=rep)
+                                window=(*win, 1) if window else None, live_rows=rep, stages=stages)
     return decode.combine(o_t.swapaxes(-1, -2), m, l, rep).reshape(b, n, 1, h).astype(q.dtype)
   return f
 
@@ -202,7 +212,7 @@ def main(argv=None):
   dk.SHAPE = dk.SHAPES[args.shape]
   builds = parse_builds(args.builds)
   for name, variant, window in builds:
-    if isinstance(variant_options(variant), mf.Fp8Options) != (args.kernel == "fp8") or \
+    if isinstance(variant_options(pipeline_stages(variant)[0]), mf.Fp8Options) != (args.kernel == "fp8") or \
         window not in ("", "gemma") and args.kernel == "fp8":
       raise ValueError(f"--builds: {name} ({variant}{', ' + window if window else ''}) is not a build of --kernel "
                        f"{args.kernel} (fp8 builds: 'name:fp8[+field=value...][:gemma]')")
@@ -225,7 +235,8 @@ def main(argv=None):
     shutil.rmtree(d, ignore_errors=True)  # an earlier run's dumps would be read as this build's
     os.makedirs(d)
     os.environ.update(MOSAIC_GPU_DUMP_TO=d, MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
-    f = states_fn(variant_options(variant), args.splits, window)
+    text, stages = pipeline_stages(variant)
+    f = states_fn(variant_options(text), args.splits, window, stages)
     if args.target_config:
       jax.jit(f).trace(q, lengths, cache, win).lower().compile()
     else:

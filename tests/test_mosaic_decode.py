@@ -172,6 +172,30 @@ def test_window_in_the_kernel(lengths, appends, t):
     md.decode_attention(q, c, window="triton")
 
 
+@pytest.mark.parametrize("fmt,head_dim,t,softcap,sliding", [
+    ("kivi2_g128", 128, 1, None, None),  # Llama-3-8B's rows (4 heads x 1 token)
+    ("kivi2_g128", 128, 2, 2.0, 200),    # 8 rows (the most N = 8 takes), soft-cap and sliding window
+    ("kivi2", 256, 1, None, None),       # G=32 at head_dim 256 (two value halves)
+    ("kivi4", 128, 1, None, None),       # 4-bit codes
+])
+def test_narrow_mma_matches_the_16_column_products(fmt, head_dim, t, softcap, sliding):
+  """`Options.narrow_mma` (the products at WGMMA's N = 8, the query and probabilities K-major, the window
+  program's own fp16 query, its ring keys in 32-channel parts) == the same build at N = 16, and == the
+  library reference, over the default call path (window and query preparation in the kernel)."""
+  c = _cache((509, 300, 1, 128), appends=1, layout="words", fmt=fmt, head_dim=head_dim)
+  q = jnp.asarray(np.random.default_rng(3).normal(size=(4, 4, t, head_dim)), jnp.bfloat16)
+  base = mk.VARIANTS[md.DEFAULT_VARIANT if fmt == "kivi2_g128" and head_dim == 128 else md.GROUPED_VARIANT]
+  run = lambda opt: np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, variant=opt,
+                                                   window="kernel", glue_in_kernel=True, logit_softcap=softcap,
+                                                   sliding_window=sliding), np.float32)
+  wide, narrow = run(base), run(dataclasses.replace(base, narrow_mma=True))
+  assert test_base.relative_error(narrow, wide) < 2e-3  # bf16 outputs of the same arithmetic
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c, logit_softcap=softcap, window=sliding))
+  assert test_base.relative_error(narrow, ref) < 5e-3
+  with pytest.raises(ValueError, match="narrow_mma needs narrow_softmax"):
+    dataclasses.replace(base, narrow_mma=True, narrow_softmax=False)
+
+
 @pytest.mark.parametrize("fmt,lengths,appends,t,softcap,sliding,via_ops", [
     ("kivi2_g128", (509, 300, 0, 1), 1, 1, 2.0, None, False),  # a cap that bites; empty; one token
     ("kivi2_g128", (509, 300, 130), 0, 1, None, 200, False),  # W=200: the first visible tile past 2 of 4 (skipped)

@@ -48,7 +48,8 @@ _opts = lambda v: v if isinstance(v, mk.Options) else mk.VARIANTS[v]
 
 def test_interpreted_presets_cover_every_option():
   for field in dataclasses.fields(mk.Options):
-    if field.name in ("timing_only", "narrow_softmax"):  # their own tests below (narrow: needs live_rows <= 8)
+    if field.name in ("timing_only", "narrow_softmax", "narrow_mma", "smem_pad_kb"):  # their own tests below
+      # (narrow: needs live_rows <= 8; narrow_mma: also test_mosaic_decode)
       continue
     # the default and min_share=4 run in test_balanced_splits_share_the_live_tiles
     seen = {getattr(_opts(v), field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT, "dequant_denorm_s32_mb4")}
@@ -264,22 +265,25 @@ def test_options_are_validated():
     mk.Options(opaque_magic=True)
 
 
+@pytest.mark.parametrize("narrow_mma", [False, True], ids=["n16", "n8"])
 @pytest.mark.parametrize("lengths,splits,live", [((512, 200), 2, 4), ((0, 129), 4, 8), ((384, 1), 1, 1)])
-def test_narrow_softmax_computes_the_live_rows_only(lengths, splits, live):
+def test_narrow_softmax_computes_the_live_rows_only(lengths, splits, live, narrow_mma):
   """live_rows <= 8 (`Options.narrow_softmax`, the default): the first 8 rows' states equal the reference,
-  the other 8 are those of no token; narrow_softmax=False or live_rows > 8 keep all 16 (natively on a GPU)."""
+  the other 8 are those of no token; narrow_softmax=False or live_rows > 8 keep all 16 (natively on a GPU).
+  narrow_mma: the products at N = 8 too (K-major query and probabilities)."""
   q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=lengths)
   args = (q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz)
   ref = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=splits)
   native = jax.default_backend() == "gpu"  # compiled on an H100 / H200, else Mosaic GPU's interpreter
   run = lambda opt, rows: mk.kivi2_states(*args, num_splits=splits, interpret=not native, variant=opt, live_rows=rows)
-  o, m, l = map(np.asarray, run(DENORM_FIXED, live))
+  narrow_opt = dataclasses.replace(DENORM_FIXED, narrow_mma=narrow_mma)
+  o, m, l = map(np.asarray, run(narrow_opt, live))
   n = mk.NARROW_ROWS
   _check_states((o[..., :n], m[..., :n], l[..., :n]), [np.asarray(x)[..., :n] for x in ref], DENORM_FIXED)
   assert (m[..., n:] == NEG).all() and (l[..., n:] == 0).all()
   assert (o[..., n:] == 0).all()
-  for opt, rows in ((dataclasses.replace(DENORM_FIXED, narrow_softmax=False), live), (DENORM_FIXED, n + 1)):
-    _check_states(run(opt, rows), ref, opt)  # all 16 rows computed
+  for opt, rows in ((dataclasses.replace(DENORM_FIXED, narrow_softmax=False), live), (narrow_opt, n + 1)):
+    _check_states(run(opt, rows), ref, opt)  # all 16 rows computed (narrow_mma too: N = 16 past 8 rows)
   with pytest.raises(ValueError, match=r"live_rows must be in \[1, 16\] \(the query rows that hold queries\), got 17"):
     run(DENORM_FIXED, 17)
 
@@ -296,10 +300,35 @@ def test_timing_only_builds_drop_the_dequant(drop):
   assert o.shape == ro.shape and m.shape == rm.shape and l.shape == rl.shape
   finite = np.isfinite(np.asarray(o))
   assert not finite.all() or test_base.relative_error(np.asarray(o), np.asarray(ro)) > 0.1
-  with pytest.raises(ValueError, match="timing_only must be '', or 'scale' / 'unpack' with unpack='denorm'"):
+  with pytest.raises(ValueError, match="timing_only must be '', 'l2', or 'scale' / 'unpack' with unpack='denorm'"):
     mk.Options(dequant_in_a=True, unpack="mask", timing_only="scale")
   with pytest.raises(ValueError, match="timing_only must be"):
     mk.Options(dequant_in_a=True, unpack="denorm", timing_only="all")
+
+
+def test_timing_only_l2_reads_one_sequence_and_head():
+  """timing_only="l2" (a timing diagnostic) runs every program over (b=0, k=0)'s tiles with its own query and
+  length: its states are the reference's over that one cache broadcast to every (b, k)."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=(512, 200))
+  opt = dataclasses.replace(DENORM_FIXED, timing_only="l2")
+  o, m, l = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz, num_splits=2,
+                            interpret=True, variant=opt)
+  first = lambda x: jnp.broadcast_to(x[:1, :1], x.shape)  # (0, 0)'s cache at every (b, k)
+  ref = mk.reference_states(q_t, ln, *map(first, (kc, ks, kz, vc, vs, vz)), num_splits=2)
+  _check_states((o, m, l), ref, opt)
+  own = mk.reference_states(q_t, ln, kc, ks, kz, vc, vs, vz, num_splits=2)
+  assert test_base.relative_error(np.asarray(o), np.asarray(own[0])) > 0.1  # not the caller's own cache
+
+
+def test_smem_pad_changes_nothing_but_the_allocation():
+  """Options.smem_pad_kb (a timing diagnostic: fewer programs per SM) leaves the states as they are."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=(384, 1))
+  run = lambda opt: mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks, kz, mk.pack_values(vc), vs, vz, num_splits=1,
+                                    interpret=True, variant=opt)
+  for a, b in zip(run(dataclasses.replace(DENORM_FIXED, smem_pad_kb=10)), run(DENORM_FIXED)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ValueError, match="smem_pad_kb must be in \\[0, 160\\].*got 161"):
+    mk.Options(smem_pad_kb=161)
 
 
 def test_exact_planes_are_the_codes():

@@ -66,6 +66,10 @@ def test_build_list_and_dump_reading(tmp_path):
     mosaic_sass.parse_builds("a:nope")
   # a preset with Options fields changed
   assert mosaic_sass.parse_builds("c:dequant_denorm+lag=2+shift32=True") == [("c", "dequant_denorm+lag=2+shift32=True", "")]
+  assert mosaic_sass.pipeline_stages("dequant_denorm+stages=3+lag=2") == ("dequant_denorm+lag=2", 3)  # not a field
+  assert mosaic_sass.pipeline_stages("dequant_denorm") == ("dequant_denorm", 2)
+  assert mosaic_sass.pipeline_stages("fp8+stages=3") == ("fp8+stages=3", 2)  # Fp8Options.stages is one
+  assert mosaic_sass.parse_builds("s:dequant_denorm+stages=3:glue") == [("s", "dequant_denorm+stages=3", "glue")]
   opt = mosaic_sass.variant_options("dequant_denorm+lag=2+shift32=True+lag=None")
   assert opt.lag is None and opt.shift32 and opt.unpack == "denorm"
   with pytest.raises(ValueError, match="'lags' is not an Options field"):

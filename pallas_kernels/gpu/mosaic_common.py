@@ -1,6 +1,6 @@
 """Pieces the Mosaic GPU decode kernels share (`mosaic_kivi`, `mosaic_fp8`): the WGMMA chain over register A
 operands built right before each instruction, the balanced split of the live steps, the logit soft-cap, and the
-narrow softmax's padding back to WGMMA's 16 columns."""
+narrow softmax's padding back to WGMMA's 16 columns with the K-major B operands of its N = 8 MMAs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["wgmma_sum", "balanced_range", "soft_capped", "softmax_columns", "widened"]
+__all__ = ["wgmma_sum", "balanced_range", "soft_capped", "softmax_columns", "widened", "kmajor_slab", "store_kmajor"]
 
 LOG2E = math.log2(math.e)  # the kernels' logits are in the log2 domain (the query carries the scale x log2 e)
 
@@ -71,3 +71,28 @@ def widened(x, fill: float):
   """x [..., 8] -> [..., 16], the other 8 columns `fill`: the narrow softmax's (`Options.narrow_softmax`)
   probabilities (0), o's rescale (1) and final states (m NEG, l 0) back at WGMMA's 16 query rows."""
   return jnp.concatenate([x, jnp.full_like(x, fill)], axis=-1)
+
+
+class _Transposed:
+  """The interpreter's stand-in for a transposed ref view (`ref.transpose`): reads give x[...].T."""
+
+  def __init__(self, ref):
+    self.ref = ref
+
+  def __getitem__(self, idx):
+    return self.ref[...].T[idx]
+
+
+def kmajor_slab(ref, i: int, *, interpret: bool):
+  """ref [N, K] (K-major: a B operand stored transposed, N = 8 query rows) -> slab i, the [16, N] B operand
+  of k columns 16 i .. 16 i + 15 (WGMMA's N = 8 needs the K-major form: 16 bytes a row is below the swizzle)."""
+  view = ref.at[:, pl.ds(16 * i, 16)]
+  return _Transposed(view) if interpret else view.transpose((1, 0))
+
+
+def store_kmajor(ref, x, *, interpret: bool):
+  """x [K, N] (registers) -> ref [N, K] (K-major shared memory), transposed on the way."""
+  if interpret:
+    ref[...] = x.T.astype(ref.dtype)
+  else:
+    ref.transpose((1, 0))[...] = x.astype(ref.dtype)

@@ -30,6 +30,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.gpu import mosaic_common as common
 from pallas_kernels.gpu.mosaic_options import MERGES  # merge_by_last, merge_in_cluster
 
 __all__ = ["CLUSTER_MAX", "MERGES", "load_query_t", "merge_in_cluster", "merge_by_last", "store_rows", "normalize",
@@ -81,13 +82,14 @@ TMA_SMEM_ALIGN = 128
 ZERO_FILL_MAX_ROWS = 4
 
 
-def load_query_t(q_ref, scale, q_smem, bar, *, interpret: bool):
+def load_query_t(q_ref, scale, q_smem, bar, *, interpret: bool, k_major: bool = False):
   """q_ref [rows, H] (global, the caller's dtype) -> q_smem [H, N] (its dtype: fp16 for the FP8 kernel's B
   operand, f32 for the KIVI-2 kernel's) = (q x scale)^T, rows past `rows` zero (a zero fill up to
   `ZERO_FILL_MAX_ROWS` rows, masked above). By way of a scoped [N, H] buffer of q_ref's dtype (free again for
-  the pipeline). Once per program: the transposed load is unoptimized."""
+  the pipeline). Once per program: the transposed load is unoptimized. k_major: q_smem is [N, H] instead (the
+  B operand of N = 8 MMAs, `mosaic_common.kmajor_slab`), written through its transposed view."""
   rows = q_ref.shape[0]
-  n, h = q_smem.shape[1], q_smem.shape[0]
+  n, h = q_smem.shape if k_major else (q_smem.shape[1], q_smem.shape[0])
   fill = rows <= ZERO_FILL_MAX_ROWS
 
   def prep(qin):
@@ -99,7 +101,10 @@ def load_query_t(q_ref, scale, q_smem, bar, *, interpret: bool):
     x = _load(qin.transpose((1, 0)), plgpu.Layout.WGMMA, interpret, optimized=False).astype(jnp.float32)
     if not fill:  # rows past `rows` are whatever the buffer held
       x = jnp.where(lax.broadcasted_iota(jnp.int32, x.shape, 1) < rows, x, 0.0)
-    q_smem[...] = (x * scale).astype(q_smem.dtype)
+    if k_major:
+      common.store_kmajor(q_smem, x * scale, interpret=interpret)
+    else:
+      q_smem[...] = (x * scale).astype(q_smem.dtype)
     plgpu.commit_smem()
   pl.run_scoped(prep, plgpu.SMEM((n, h), q_ref.dtype))
 

@@ -35,7 +35,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_kivi_checks as checks
 from pallas_kernels.gpu import mosaic_kivi_window as window_lib, mosaic_planes as planes
-from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, softmax_columns, wgmma_sum, widened
+from pallas_kernels.gpu.mosaic_common import (balanced_range, kmajor_slab, soft_capped, softmax_columns, store_kmajor,
+                                              wgmma_sum, widened)
 from pallas_kernels.gpu.mosaic_kivi_ref import NEG, TILE, pack_keys, pack_values, reference_states, unpack_keys
 from pallas_kernels.gpu.mosaic_options import DENORM_LOG2, VARIANTS, Options
 
@@ -97,6 +98,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   if live_rows is None:
     live_rows = q_rows.shape[2] if q_scale is not None else ROWS
   narrow, width = softmax_columns(live_rows, ROWS, opt.narrow_softmax and opt.dequant_in_a)  # the softmax's columns
+  nmma = narrow and opt.narrow_mma  # N = 8 products: the query and probabilities K-major [8, K] in shared memory
+  wn = width if nmma else ROWS  # the products' N
   kwpr, vwpr, per_word = h * bits // 16, 8 * bits, 16 // bits  # words a row (keys' h channels, values' 128 tokens)
   vh = h // TILE  # value halves: 128-channel value accumulators; h = 256: value scales [S, 2] a token
   grouped = group != TILE
@@ -129,16 +132,20 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     """l rescaled and grown by this step's p: per-thread [TILE, N] sums (`lazy_sums`) or per column."""
     return l_prev * alpha[None, :] + p if opt.lazy_sums else l_prev * alpha + jnp.sum(p, axis=0)
 
-  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None, magic=None, prescaled=False, glayout="rows", half=0):
+  def plane_pairs(words, b_ref, add_ref=None, scale_ref=None, magic=None, prescaled=False, glayout="rows", half=0,
+                  kmajor=False):
     """(A builder, B slab) per k-slab; words: the [rows, 16] word tiles of the operand (1, or 2 for 4-bit:
     slab 4 t + m is plane m of tile t). Slab i is code (* scale_ref[16 i: 16 i + 16]) (+ add_ref[16 i:
     16 i + 16]), those [16] vectors per k column, broadcast over the rows. unpack="denorm": the planes
     are subnormals, the scales and zeros carry the factors (`planes.denorm_factors`), already there when
-    `prescaled` (converted once per tile), else applied to each [16] vector here."""
+    `prescaled` (converted once per tile), else applied to each [16] vector here. kmajor: b_ref is [8, K]
+    (`Options.narrow_mma`), its slabs read through transposed views."""
+    bslab = ((lambda i: kmajor_slab(b_ref, i, interpret=interpret)) if kmajor else
+             (lambda i: b_ref.at[pl.ds(16 * i, 16)]))
     hi = [None] * len(words)
     if opt.timing_only == "unpack":  # diagnostic (`Options.timing_only`): the words as fp16, states wrong
       return [(functools.partial(lax.bitcast_convert_type, words[i // per_word], jnp.float16),
-               b_ref.at[pl.ds(16 * i, 16)]) for i in range(len(words) * per_word)]
+               bslab(i)) for i in range(len(words) * per_word)]
     if opt.unpack in ("mask", "denorm"):
       sh = planes.hi_shift(bits)
       hi = [planes.shr_pairs(w, sh, interpret) if opt.shift32 else lax.shift_right_logical(w, jnp.uint16(sh))
@@ -158,7 +165,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       if scale_ref is not None:
         x = x * col(scale_ref, i, rows, glayout=glayout, half=half)
       return x if add_ref is None else x + col(add_ref, i, rows, glayout=glayout, half=half)
-    return [(functools.partial(a, i), b_ref.at[pl.ds(16 * i, 16)]) for i in range(len(words) * per_word)]
+    return [(functools.partial(a, i), bslab(i)) for i in range(len(words) * per_word)]
 
   wgmma_load = functools.partial(plgpu.load, layout=plgpu.Layout.WGMMA)
 
@@ -202,6 +209,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     times their factors). first: the split's first step (in steps of `tiles_per_step` tiles)."""
     nt = opt.tiles_per_step
     rows = lambda ref, j, size: ref.at[pl.ds(size * j, size)]
+    p_rows = lambda j: pt_smem.at[:, pl.ds(TILE * j, TILE)] if nmma else rows(pt_smem, j, TILE)  # tile j's probabilities
     scales = lambda ref, j, size: rows(ref, j, ref.shape[0] // nt if grouped else size)
     # per-plane factors (`mosaic_groups.regroup`, `split_halves`), else per k column of the scales (keys: h a tile)
     slab_factors = ((tuple(2.0 ** planes.denorm_scale_log2(i % per_word, bits) for i in range(SLABS)),
@@ -231,16 +239,20 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
           plgpu.commit_smem()
         ks_s, kz_s = s16[:2]
       with jax.named_scope("kmma"):
-        scs = [mma(jnp.zeros((TILE, ROWS), jnp.float32),
+        scs = [mma(jnp.zeros((TILE, wn), jnp.float32),
                    plane_pairs(word_tiles(rows(kc_s, j, TILE), wgmma_load), q16_smem,
-                               scales(kz_s, j, h), scales(ks_s, j, h), magic, once, k_layout)) for j in range(nt)]
+                               scales(kz_s, j, h), scales(ks_s, j, h), magic, once, k_layout, kmajor=nmma))
+               for j in range(nt)]
       with jax.named_scope("softmax"):
-        if narrow:  # the rows past NARROW_ROWS hold no query: their probabilities stay 0 (m, l carry the first's)
+        if narrow and not nmma:  # the rows past NARROW_ROWS hold no query: their probabilities stay 0
           scs = [sc[:, :width] for sc in scs]
         ps, m_new, alpha = softmax(scs, (first + idx[0]) * nt, m_prev, length, lo0)
       with jax.named_scope("vprep"):
         for j, p in enumerate(ps):
-          rows(pt_smem, j, TILE)[...] = (widened(p, 0.0) if narrow else p).astype(jnp.float16)
+          if nmma:  # [8, nt TILE]: the tokens along K
+            store_kmajor(p_rows(j), p, interpret=interpret)
+          else:
+            p_rows(j)[...] = (widened(p, 0.0) if narrow else p).astype(jnp.float16)
         if once:
           to_fp16((vs_s, vz_s), s16[2:], TILE * vh, "tokens")
           vs_s, vz_s = s16[2:]
@@ -249,12 +261,12 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       with jax.named_scope("vmma"):  # o: one [128, N] accumulator per 128 channels (M = 128 A operands)
         half = lambda ref, u: ref if vh == 1 else ref.at[pl.ds(TILE * u, TILE)]
         shalf = (lambda ref, u: ref) if grouped else half  # grouped: the half's groups by `col`'s offset
-        o_alpha = widened(alpha, 1.0) if narrow else alpha
+        o_alpha = widened(alpha, 1.0) if narrow and not nmma else alpha
         o = tuple(mma(o_u * o_alpha[None, :], [
             pair for j in range(nt) for pair in plane_pairs(
-                word_tiles(half(rows(vc_s, j, h), u), wgmma_load), rows(pt_smem, j, TILE),
+                word_tiles(half(rows(vc_s, j, h), u), wgmma_load), p_rows(j),
                 shalf(scales(vz_s, j, TILE * vh), u), shalf(scales(vs_s, j, TILE * vh), u), magic, once, v_layout,
-                half=u)]) for u, o_u in enumerate(o))
+                half=u, kmajor=nmma)]) for u, o_u in enumerate(o))
       if opt.manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
         plgpu.commit_smem()
       return o, m_new, l_new, cv
@@ -262,14 +274,15 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
   if window is not None:  # the residual window's program (`mosaic_kivi_window`)
     wparts = window_lib.WindowParts(h, vh, bits, per_word, grouped, w_queries, softcap, sliding, interpret,
-                                    k_res.dtype, v_res.dtype, code_tiles, b_tiles, col, word_tiles, mma)
+                                    k_res.dtype, v_res.dtype, code_tiles, b_tiles, col, word_tiles, mma,
+                                    key_part=32 if nmma else TILE // 2)  # nmma: a program of <= 44 KB (5 an SM)
 
   def body(*refs):
     n_in = 9 + 3 * (window is not None) + (q_scale is not None)
     (q_g, len_g, magic_g, kc_g, vc_g, ks_g, kz_g, vs_g, vz_g), win_refs = refs[:9], refs[9:9 + 3 * (window is not None)]
     lw_g, kres_g, vres_g = win_refs if window is not None else (None,) * 3
     outs = refs[n_in:n_in + 3 + (merged is not None)]
-    pt_smem, q16_smem, s16, bar, *rest = refs[n_in + len(outs):]
+    pt_smem, q16_smem, s16, bar, *rest = refs[n_in + len(outs):len(refs) - bool(opt.smem_pad_kb)]  # pad: unused
     qs_smem, q_smem, zsk_smem, zsv_smem, *sync = rest if resident else [None] * 4 + rest
     counters = None if merged is None else epilogue.merge_counters(merge_by, b, kh)  # once: both branches' count
 
@@ -287,9 +300,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                               merge_by=merge_by,
                               num_splits=n_states, interpret=interpret)
     bi, ki, si = lax.axis_index("b"), lax.axis_index("k"), lax.axis_index("s")
-    def fetch_query(dst):  # the query [H, N] (x the scale), in dst's dtype
+    def fetch_query(dst, k_major=False):  # the query [H, N] (x the scale), in dst's dtype; k_major: [8, H]
       if q_scale is not None:  # the caller's rows; the scale is the last input
-        epilogue.load_query_t(q_g.at[bi, ki], refs[n_in - 1][0], dst, bar, interpret=interpret)
+        epilogue.load_query_t(q_g.at[bi, ki], refs[n_in - 1][0], dst, bar, interpret=interpret, k_major=k_major)
       elif dst.dtype == jnp.float32:
         plgpu.copy_gmem_to_smem(q_g.at[bi, ki], dst, bar)
         plgpu.barrier_wait(bar)
@@ -301,14 +314,17 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       store_fp16(q32)
 
     def store_fp16(q32):
-      q16_smem[...] = q32[...].astype(jnp.float16)
+      if nmma:
+        store_kmajor(q16_smem, q32[...][:, :NARROW_ROWS], interpret=interpret)
+      else:
+        q16_smem[...] = q32[...].astype(jnp.float16)
       plgpu.commit_smem()
     if resident:
       fetch_query(q_smem)
       if opt.zero_mma:
         store_fp16(q_smem)
     else:  # the fp16 query alone lives through the loop (the f32 one in a scope the pipeline reuses)
-      fetch_query(q16_smem)
+      fetch_query(q16_smem, k_major=nmma)
     q_reg = None if opt.q_in_smem or not resident else q_smem[...]  # [H, N]
     length = len_g[bi] if lengths is not None else jnp.maximum(len_g[bi] - TILE, 0)  # None: the window's L
     magic = magic_g[0].astype(jnp.uint16) if opt.opaque_magic else None
@@ -363,7 +379,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
     acc_shape = (TILE, width) if opt.lazy_sums else (width,)
     cv_shape = (1,) if opt.fold_zeros or opt.dequant_in_a else acc_shape  # zeros in A: no value zero term
-    o0 = (jnp.zeros((TILE, ROWS), jnp.float32),) * vh if opt.dequant_in_a else jnp.zeros((h, ROWS), jnp.float32)
+    o0 = (jnp.zeros((TILE, wn), jnp.float32),) * vh if opt.dequant_in_a else jnp.zeros((h, ROWS), jnp.float32)
     init = (o0, jnp.full((width,), NEG, jnp.float32),
             jnp.zeros(acc_shape, jnp.float32), jnp.zeros(cv_shape, jnp.float32))
     nt = opt.tiles_per_step
@@ -384,8 +400,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                   *[plgpu.BlockSpec(sblock(nt, n_, key), lambda t: (first + t,) + (0,) * grouped)
                     for n_, key in scale_ns]])
     def tiles():
-      o, m_f, l_f, cv = pipe(kc_g.at[bi, ki], vc_g.at[bi, ki], ks_g.at[bi, ki], kz_g.at[bi, ki],
-                             vs_g.at[bi, ki], vz_g.at[bi, ki])
+      src = (0, 0) if opt.timing_only == "l2" else (bi, ki)  # diagnostic: one (b, k)'s bytes for every program
+      o, m_f, l_f, cv = pipe(*(x.at[src] for x in (kc_g, vc_g, ks_g, kz_g, vs_g, vz_g)))
       if opt.lazy_sums:
         l_f = jnp.sum(l_f, axis=0)
         if not (opt.fold_zeros or opt.dequant_in_a):
@@ -394,11 +410,13 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         l_f = l_f * 2.0 ** -DENORM_LOG2
       if narrow:  # the rows past NARROW_ROWS: no token's state
         m_f, l_f = widened(m_f, NEG), widened(l_f, 0.0)
+      if nmma:
+        o = tuple(widened(o_u, 0.0) for o_u in o)
       emit(o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :], m_f, l_f)
 
     def window_program():
       emit(*window_lib.window_state(wparts, bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, fetch_query,
-                                    q16_smem, bar, magic))
+                                    None if nmma else q16_smem, bar, magic))  # nmma: its own [H, 16] copy
 
     if window is None:
       tiles()
@@ -418,14 +436,17 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   f = plgpu.kernel(
       body,
       out_type=out_type, **mesh,
-      scratch_types=[plgpu.SMEM((opt.tiles_per_step * TILE, ROWS), jnp.float16, transforms=b_tiles),
-                     plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
+      scratch_types=[plgpu.SMEM((NARROW_ROWS, opt.tiles_per_step * TILE), jnp.float16, transforms=code_tiles) if nmma
+                     else plgpu.SMEM((opt.tiles_per_step * TILE, ROWS), jnp.float16, transforms=b_tiles),
+                     plgpu.SMEM((NARROW_ROWS, h), jnp.float16, transforms=code_tiles) if nmma
+                     else plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),
                      [plgpu.SMEM(sblock(opt.tiles_per_step, n_, key), jnp.float16) for n_, key in scale_ns]
                      if once else [],
                      plgpu.Barrier(num_arrivals=1),
                      *((plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles), plgpu.SMEM((h, ROWS), jnp.float32),
                         plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16)) if resident else ()),
-                     *(() if merged is None else epilogue.merge_scratch(merge_by))],
+                     *(() if merged is None else epilogue.merge_scratch(merge_by)),
+                     *((plgpu.SMEM((opt.smem_pad_kb * 512,), jnp.float16),) if opt.smem_pad_kb else ())],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                            approx_math=opt.approx_math,
                                            unsafe_no_auto_barriers=opt.manual_barriers, **prof),

@@ -30,7 +30,8 @@ class WindowParts:
   halves (128-channel accumulators), the code width, codes a word, grouped (G=32) scales, the window's query
   tokens, soft-cap and sliding window, the ring's key and value dtypes, the shared-memory transforms of the
   code and query tiles, and the tile loop's builders: `col(ref, m, rows)` (a scale column as fp16 rows),
-  `word_tiles(ref, load)` and `mma(acc, [(A builder, B ref), ...])`."""
+  `word_tiles(ref, load)` and `mma(acc, [(A builder, B ref), ...])`; key_part: the ring's keys pass through
+  shared memory key_part channels at a time (32: 8 KB less than 64, for a program of at most 44 KB)."""
   h: int
   vh: int
   bits: int
@@ -47,6 +48,11 @@ class WindowParts:
   col: Callable
   word_tiles: Callable
   mma: Callable
+  key_part: int = TILE // 2
+
+  def __post_init__(self):
+    if self.key_part not in (32, 64):
+      raise ValueError(f"key_part must be 32 or 64 channels, got {self.key_part}")
 
 
 def window_state(parts: WindowParts, bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vres_g, q_smem, fetch_query, q16_smem,
@@ -56,9 +62,11 @@ def window_state(parts: WindowParts, bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vre
   present iff Lq >= 128), value `v_res[i]` either way (`window_merge`'s rule). Both key sources are
   scored for every slot and the slot's own picked: the quantized tile as the main loop's register A
   (codes, scales and zeros loaded from global memory right where each plane is built), the ring from
-  shared memory (in parts of 64 channels) against the query split into two 16-bit terms (q = hi +
+  shared memory (in parts of key_part channels) against the query split into two 16-bit terms (q = hi +
   lo: the ring's dtype, near-f32 logits). The values, the transposed A of the second product, pass
-  through shared memory in two halves of 64 slots; the scopes reuse the quantized tiles' buffers."""
+  through shared memory in two halves of 64 slots; the scopes reuse the quantized tiles' buffers.
+  q16_smem: the tiles' fp16 query [H, 16], or None (theirs is K-major,
+  `Options.narrow_mma`): a scoped copy is made from the f32 one."""
   h, vh, bits, per_word, grouped, w_queries = parts.h, parts.vh, parts.bits, parts.per_word, parts.grouped, parts.w_queries
   softcap, sliding, interpret, col, mma = parts.softcap, parts.sliding, parts.interpret, parts.col, parts.mma
   code_tiles, b_tiles = parts.code_tiles, parts.b_tiles
@@ -67,17 +75,22 @@ def window_state(parts: WindowParts, bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vre
   lq = length - rem
   tile = jnp.maximum(lq // TILE - 1, 0)
   gload = lambda ref, layout: plgpu.load(ref, layout=layout, optimized=False)
-  half = TILE // 2
+  half, kp = TILE // 2, parts.key_part
   rdt = parts.k_dtype
 
-  def keys(kbuf, q_hi, q_lo, *q32):  # q32: the f32 query fetched again (when no resident copy)
+  def keys(kbuf, q_hi, q_lo, *extra):  # extra: the f32 query fetched again (when no resident copy), then
+    # the fp16 query (when the tiles' is K-major: `Options.narrow_mma`)
+    q32 = extra[:1] if q_smem is None else ()
+    q16 = extra[-1] if q16_smem is None else q16_smem
     if q32:
       fetch_query(q32[0])
-    plgpu.copy_gmem_to_smem(kres_g.at[bi, ki, :, pl.ds(0, half)], kbuf, bar)
+    plgpu.copy_gmem_to_smem(kres_g.at[bi, ki, :, pl.ds(0, kp)], kbuf, bar)
     q = (q32[0] if q32 else q_smem)[...]
     hi = q.astype(rdt)
     q_hi[...] = hi
     q_lo[...] = (q - hi.astype(jnp.float32)).astype(rdt)
+    if q16_smem is None:
+      q16[...] = q.astype(jnp.float16)
     plgpu.commit_smem()
     with jax.named_scope("wkeys"):
       words = parts.word_tiles(kc_g.at[bi, ki, pl.ds(tile * TILE, TILE)], lambda r: gload(r, plgpu.Layout.WGMMA))
@@ -91,19 +104,20 @@ def window_state(parts: WindowParts, bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vre
         t, m = divmod(i, per_word)
         return planes.plane_masked(words[t], hiw[t], m, magic, bits) * gcol(ks_g) + gcol(kz_g)
       sc_q = mma(jnp.zeros((TILE, ROWS), jnp.float32),
-                 [(functools.partial(a, i), q16_smem.at[pl.ds(16 * i, 16)]) for i in range(h // 16)])
+                 [(functools.partial(a, i), q16.at[pl.ds(16 * i, 16)]) for i in range(h // 16)])
       sc_r = jnp.zeros((TILE, ROWS), jnp.float32)
-      for part in range(h // half):
+      for part in range(h // kp):
         if part:
-          plgpu.copy_gmem_to_smem(kres_g.at[bi, ki, :, pl.ds(part * half, half)], kbuf, bar)
+          plgpu.copy_gmem_to_smem(kres_g.at[bi, ki, :, pl.ds(part * kp, kp)], kbuf, bar)
         plgpu.barrier_wait(bar)
         sc_r = mma(sc_r, [(functools.partial(lambda j: kbuf.at[:, pl.ds(16 * j, 16)], j),
-                           qt.at[pl.ds(part * half + 16 * j, 16)]) for j in range(half // 16) for qt in (q_hi, q_lo)])
+                           qt.at[pl.ds(part * kp + 16 * j, 16)]) for j in range(kp // 16) for qt in (q_hi, q_lo)])
     return sc_q, sc_r
-  sc_q, sc_r = pl.run_scoped(keys, plgpu.SMEM((TILE, half), rdt, transforms=code_tiles),
+  sc_q, sc_r = pl.run_scoped(keys, plgpu.SMEM((TILE, kp), rdt, transforms=code_tiles),
                              plgpu.SMEM((h, ROWS), rdt, transforms=b_tiles),
                              plgpu.SMEM((h, ROWS), rdt, transforms=b_tiles),
-                             *(() if q_smem is not None else (plgpu.SMEM((h, ROWS), jnp.float32),)))
+                             *(() if q_smem is not None else (plgpu.SMEM((h, ROWS), jnp.float32),)),
+                             *(() if q16_smem is not None else (plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),)))
   slot = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
   from_res = slot < rem
   token = jnp.where(from_res, lq + slot, lq - TILE + slot)

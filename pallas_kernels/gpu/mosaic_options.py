@@ -73,10 +73,18 @@ class Options:
     over those 8 columns only, the other 8's probabilities stored as 0 (session 35, KIVI-2 G=128 through
     `decode_attention`: 758 -> 675 SASS a tile compiled for an H200, 128 -> 117 registers; B=8 32k on an H100
     113.15 -> 104.94 us).
+  narrow_mma: with the narrow softmax in effect, the tile's two products at WGMMA's N = 8 (m64n8k16) rather
+    than 16: the fp16 query and the probabilities stored K-major ([8, K], through transposed views), the
+    logits and the value accumulators [128, 8] (8 registers less a 128-channel half, half the rescale and
+    the probabilities' conversion and store). The window program keeps N = 16 (its own fp16 query copy).
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
     unpacking too (A is the code word itself read as fp16, the same for every plane). Needs unpack="denorm".
+    "l2": every program's tiles read from sequence 0, KV head 0 (the same instructions, the bytes from L2
+    rather than HBM: what the loads cost beyond the loop's issue); right states, of that one cache.
+  smem_pad_kb: a timing diagnostic: this many KB of shared memory allocated and never touched, so fewer
+    programs fit an SM (the same code at 4, 3, 2 programs per SM: what occupancy is worth).
   """
   exact: bool = True
   zero_mma: bool = False
@@ -96,12 +104,19 @@ class Options:
   manual_barriers: bool = False
   min_share: int = 1
   narrow_softmax: bool = True
+  narrow_mma: bool = False
   timing_only: str = ""
+  smem_pad_kb: int = 0
 
   def __post_init__(self):
-    if self.timing_only not in ("", "scale", "unpack") or self.timing_only and self.unpack != "denorm":
-      raise ValueError(f"timing_only must be '', or 'scale' / 'unpack' with unpack='denorm', got "
+    if self.timing_only not in ("", "scale", "unpack", "l2") or \
+        self.timing_only in ("scale", "unpack") and self.unpack != "denorm":
+      raise ValueError(f"timing_only must be '', 'l2', or 'scale' / 'unpack' with unpack='denorm', got "
                        f"{self.timing_only!r} (unpack={self.unpack!r})")
+    if self.narrow_mma and not self.narrow_softmax:
+      raise ValueError("narrow_mma needs narrow_softmax (the N = 8 products hold the narrow softmax's 8 rows)")
+    if not 0 <= self.smem_pad_kb <= 160:
+      raise ValueError(f"smem_pad_kb must be in [0, 160] (KB of unused shared memory), got {self.smem_pad_kb}")
     if self.zero_mma and not self.exact:
       raise ValueError("zero_mma needs exact planes (the offset's correction is a cross-warp sum anyway)")
     if self.fold_zeros and (self.zero_mma or not self.exact):
