@@ -33,8 +33,19 @@ timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_kivi.p
 echo "pytest rc=$?"; tail -n 3 $OUT/pytest_n8.txt | cut -c1-300
 V=dequant_denorm_s32_mb
 B="narrow:$V:glue;n8_lag0:$V+narrow_mma=True+lag=0:glue;l2:$V+timing_only=l2:glue;occ3:$V+smem_pad_kb=10:glue"
-B="$B;occ2:$V+smem_pad_kb=30:glue;n8:$V+narrow_mma=True:glue;lag0:$V+lag=0:glue;stages3:$V+stages=3:glue"
-B="$B;n8_lag0_s3:$V+narrow_mma=True+lag=0+stages=3:glue;narrow_again:$V:glue;n8_lag0_again:$V+narrow_mma=True+lag=0:glue"
-timeout $(( LIMIT - SECONDS - 8 )) python3 benchmarks/mosaic_sass.py --builds "$B" --point 8:32768 --splits 8 \
+B="$B;occ2:$V+smem_pad_kb=30:glue;lag0:$V+lag=0:glue;stages3:$V+stages=3:glue"
+B="$B;n8_lag0_s3:$V+narrow_mma=True+lag=0+stages=3:glue;narrow_again:$V:glue"
+timeout $(( LIMIT - SECONDS - 160 )) python3 benchmarks/mosaic_sass.py --builds "$B" --point 8:32768 --splits 8 \
   --reps 5 --out $OUT/kivi_g128_parts.json > $OUT/parts_log.txt 2>&1
 echo "parts rc=$?"; grep -v Warning $OUT/parts_log.txt | grep -E '"build"|Error|error' | cut -c1-200
+# 8 splits are 512 + 64 window programs: 4 an SM hold 528, 5 an SM 660; 10 splits (704) fill 5 an SM
+B="n8_lag0_10:$V+narrow_mma=True+lag=0:glue;narrow_10:$V:glue"
+timeout $(( LIMIT - SECONDS - 90 )) python3 benchmarks/mosaic_sass.py --builds "$B" --point 8:32768 --splits 10 \
+  --reps 5 --out $OUT/kivi_g128_splits10.json > $OUT/splits10_log.txt 2>&1
+echo "splits10 rc=$?"; grep -v Warning $OUT/splits10_log.txt | grep -E '"build"|Error|error' | cut -c1-200
+LEFT=$(( LIMIT - SECONDS - 8 ))
+if (( LEFT > 60 )); then  # through ops: the default build beside torch SDPA, then the N = 8 build
+  timeout $LEFT python3 benchmarks/runs/session36_ops.py $OUT 8:32768 > $OUT/ops_log.txt 2>&1
+  echo "ops rc=$?"; rm -f $OUT/*.png
+  grep -v Warning $OUT/ops_log.txt | grep -E " us |failed|Error|x " | cut -c1-200 | tail -n 12
+fi
