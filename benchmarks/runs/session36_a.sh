@@ -28,15 +28,15 @@ if [[ "$card" == *H200* ]]; then
   grep -v Warning $OUT/decode_log.txt | grep -E " us |failed|Error|stream|x " | cut -c1-200 | tail -n 20
   exit 0
 fi
-timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_kivi.py tests/test_mosaic_decode.py \
-  -k "narrow_softmax or narrow_mma" > $OUT/pytest_n8.txt 2>&1
+timeout 110 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_kivi.py tests/test_mosaic_decode.py \
+  -k "narrow_mma or (narrow_softmax and n8)" > $OUT/pytest_n8.txt 2>&1
 echo "pytest rc=$?"; tail -n 3 $OUT/pytest_n8.txt | cut -c1-300
 V=dequant_denorm_s32_mb
 B="narrow:$V:glue;n8_lag0:$V+narrow_mma=True+lag=0:glue;l2:$V+timing_only=l2:glue;occ3:$V+smem_pad_kb=10:glue"
 B="$B;occ2:$V+smem_pad_kb=30:glue;lag0:$V+lag=0:glue;stages3:$V+stages=3:glue"
 B="$B;n8_lag0_s3:$V+narrow_mma=True+lag=0+stages=3:glue;narrow_again:$V:glue"
-timeout $(( LIMIT - SECONDS - 160 )) python3 benchmarks/mosaic_sass.py --builds "$B" --point 8:32768 --splits 8 \
-  --reps 5 --out $OUT/kivi_g128_parts.json > $OUT/parts_log.txt 2>&1
+timeout $(( LIMIT - SECONDS - ${SPLITS10_S:-160} )) python3 benchmarks/mosaic_sass.py --builds "$B" --point 8:32768 \
+  --splits 8 --reps 5 --out $OUT/kivi_g128_parts.json > $OUT/parts_log.txt 2>&1
 echo "parts rc=$?"; grep -v Warning $OUT/parts_log.txt | grep -E '"build"|Error|error' | cut -c1-200
 # 8 splits are 512 + 64 window programs: 4 an SM hold 528, 5 an SM 660; 10 splits (704) fill 5 an SM
 B="n8_lag0_10:$V+narrow_mma=True+lag=0:glue;narrow_10:$V:glue"

@@ -209,7 +209,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     times their factors). first: the split's first step (in steps of `tiles_per_step` tiles)."""
     nt = opt.tiles_per_step
     rows = lambda ref, j, size: ref.at[pl.ds(size * j, size)]
-    p_rows = lambda j: pt_smem.at[:, pl.ds(TILE * j, TILE)] if nmma else rows(pt_smem, j, TILE)  # tile j's probabilities
+    p_rows = lambda j: pt_smem.at[:, pl.ds(TILE * j, TILE)] if nmma else rows(pt_smem, j, TILE)  # tile j's p
     scales = lambda ref, j, size: rows(ref, j, ref.shape[0] // nt if grouped else size)
     # per-plane factors (`mosaic_groups.regroup`, `split_halves`), else per k column of the scales (keys: h a tile)
     slab_factors = ((tuple(2.0 ** planes.denorm_scale_log2(i % per_word, bits) for i in range(SLABS)),

@@ -117,7 +117,8 @@ def window_state(parts: WindowParts, bi, ki, lw_g, kc_g, ks_g, kz_g, kres_g, vre
                              plgpu.SMEM((h, ROWS), rdt, transforms=b_tiles),
                              plgpu.SMEM((h, ROWS), rdt, transforms=b_tiles),
                              *(() if q_smem is not None else (plgpu.SMEM((h, ROWS), jnp.float32),)),
-                             *(() if q16_smem is not None else (plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),)))
+                             *(() if q16_smem is not None else
+                               (plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles),)))
   slot = lax.broadcasted_iota(jnp.int32, (TILE, ROWS), 0)
   from_res = slot < rem
   token = jnp.where(from_res, lq + slot, lq - TILE + slot)
