@@ -1,0 +1,102 @@
+"""KIVI-2 code words as e4m3 WGMMA A operands (session 37): k = 32 a WGMMA instead of fp16's 16, and no
+dequantization in A (the codes themselves, exact).
+
+Why: a register-A WGMMA at decode's N (8-16 query rows) costs an SM about the same time whatever its N and
+whether it is fp16 m64nNk16 or e4m3 m64nNk32 (`benchmarks/wgmma_rate.py`, H100: 22-28 SM cycles each at
+4-8 programs per SM). The fp16 KIVI tile needs 32 of them for 128 tokens x 128 channels x 2 products; e4m3
+needs 16. Its A is the 2-bit code word itself, masked: a byte v < 16 read as e4m3 is exactly v 2^-9
+(subnormals below 8, the first binade above), so c and 4c (c in 0..3) are exact.
+
+Layout. The cache's [rows, 16] uint16 word tile holds plane m of word w at bits 2m (`mosaic_planes`): k
+column 16 m + w of the fp16 kernel's slabs. Read as bytes ([rows, 32] uint8, little-endian: byte 2 w + b is
+word w's planes 4 b .. 4 b + 3), WGMMA's 8-bit register fragment holds the same 32-bit registers as the
+16-bit one (`words_as_bytes` reinterprets them; no data moves). Plane-in-byte p (bits 2p, 2p + 1) of every
+byte is one [rows, 32] e4m3 A operand (`fp8_plane`): p = 0, 1 masked in place (c, 4c), p = 2, 3 from the
+word shifted right by 4 (one 32-bit shift a register for both). Its column k holds the code of fp16 k column
+`plane_k_index(p)[k]` = 16 (4 (k % 2) + p) + k // 2, times `PLANE_FACTORS[p]` 2^`A_SCALE_LOG2`: the B rows
+(the query times the keys' scales, or the probabilities times the values') are stored in that order.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+__all__ = ["A_SCALE_LOG2", "PLANE_FACTORS", "PLANES", "words_as_bytes", "fp8_plane", "plane_k_index"]
+
+A_SCALE_LOG2 = -9  # an e4m3 byte v < 16 is v 2^-9
+PLANES = 4  # 2-bit codes a byte: one k-32 A operand each
+PLANE_FACTORS = (1, 4, 1, 4)  # plane p's A holds c PLANE_FACTORS[p] 2^A_SCALE_LOG2
+_MASKS = (0x03, 0x0C, 0x03, 0x0C)  # after the shift by 4 for p = 2, 3
+
+
+def plane_k_index(p: int) -> np.ndarray:
+  """[32] int: the fp16 k column (16 m + w: plane m of word w) whose code plane p's A column k holds."""
+  if not 0 <= p < PLANES:
+    raise ValueError(f"p must be in [0, {PLANES}) (a byte's 2-bit planes), got {p}")
+  k = np.arange(32)
+  return 16 * (4 * (k % 2) + p) + k // 2
+
+
+def words_as_bytes(words, *, interpret: bool):
+  """[rows, 16] uint16 words (WGMMA layout) -> [rows, 32] uint8, byte 2 w + b = byte b of word w (WGMMA's
+  8-bit layout: the same registers, reinterpreted)."""
+  if words.dtype != jnp.uint16 or words.ndim != 2 or words.shape[1] != 16:
+    raise ValueError(f"words must be [rows, 16] uint16 (one word tile), got {words.shape} {words.dtype}")
+  if interpret:
+    lo, hi = (words & 0xFF).astype(jnp.uint8), (words >> 8).astype(jnp.uint8)
+    return jnp.stack([lo, hi], axis=-1).reshape(words.shape[0], 32)
+  return _reinterpret(words, (words.shape[0], 32), jnp.uint8)
+
+
+def fp8_plane(bytes_, p: int, *, interpret: bool):
+  """[rows, 32] e4m3: plane-in-byte p of each byte, c PLANE_FACTORS[p] 2^A_SCALE_LOG2 (exact)."""
+  plane_k_index(p)  # validates p
+  if interpret:
+    src = lax.shift_right_logical(bytes_, jnp.uint8(4)) if p >= 2 else bytes_
+    return lax.bitcast_convert_type(src & jnp.uint8(_MASKS[p]), jnp.float8_e4m3fn)
+  return _masked_plane(bytes_, p)
+
+
+def _reinterpret(x, shape, dtype):
+  """The registers of x (WGMMA layout, 32 bits each) as an array of `shape` / `dtype` in WGMMA's 8-bit layout."""
+  from jax._src.lib.mlir import ir  # noqa: PLC0415 (Mosaic GPU's MLIR, for the kernel only)
+  from jax.experimental.mosaic.gpu import FragmentedArray, utils  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import fragmented_array as fa  # noqa: PLC0415
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
+                     return_type=plgpu.ShapeDtypeStruct(shape, dtype, layout=plgpu.Layout.WGMMA_8BIT))
+  def f(ctx, w):
+    del ctx
+    vec = ir.VectorType.get((4,), ir.IntegerType.get_signless(8))
+    regs = np.empty(w.registers.shape, dtype=object)
+    for idx, r in np.ndenumerate(w.registers):
+      regs[idx] = utils.bitcast(r, vec)
+    return FragmentedArray(_registers=regs, _layout=fa.WGMMA_LAYOUT_8BIT, _is_signed=False)
+  return f(x)
+
+
+def _masked_plane(bytes_, p: int):
+  """fp8_plane on the registers: one AND (and for p >= 2 one 32-bit shift) a register of 4 bytes."""
+  from jax._src.lib.mlir import ir  # noqa: PLC0415
+  from jax._src.lib.mlir.dialects import arith  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import FragmentedArray, utils  # noqa: PLC0415
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT,),
+                     return_type=plgpu.ShapeDtypeStruct(bytes_.shape, jnp.float8_e4m3fn,
+                                                        layout=plgpu.Layout.WGMMA_8BIT))
+  def f(ctx, b):
+    del ctx
+    i32 = ir.IntegerType.get_signless(32)
+    mask = arith.constant(i32, _MASKS[p] * 0x01010101)
+    vec = ir.VectorType.get((4,), ir.Float8E4M3FNType.get())
+    regs = np.empty(b.registers.shape, dtype=object)
+    for idx, r in np.ndenumerate(b.registers):
+      w = utils.bitcast(r, i32)
+      if p >= 2:
+        w = arith.shrui(w, arith.constant(i32, 4))
+      regs[idx] = utils.bitcast(arith.andi(w, mask), vec)
+    return FragmentedArray(_registers=regs, _layout=b.layout, _is_signed=None)
+  return f(bytes_)

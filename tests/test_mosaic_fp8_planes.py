@@ -1,0 +1,79 @@
+"""KIVI-2 code words as e4m3 WGMMA A operands (`pallas_kernels.gpu.mosaic_fp8_planes`, session 37): each
+byte's 2-bit planes are the exact codes at the fp16 k columns `plane_k_index` names; the key product built
+from them (`benchmarks/fp8_products.py`) equals the codes' product, in Mosaic GPU's interpreter here and
+compiled on an H100 / H200; `benchmarks/wgmma_rate.py`'s kernel sums what it should."""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.gpu import mosaic_fp8_planes as f8
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+
+import fp8_products  # noqa: E402
+import wgmma_rate  # noqa: E402
+
+NATIVE = jax.default_backend() == "gpu"
+
+
+def test_planes_are_the_codes_at_their_k_columns():
+  words = jax.random.randint(jax.random.PRNGKey(0), (64, 16), 0, 1 << 16, jnp.int32).astype(jnp.uint16)
+  codes = fp8_products.codes_of(words)  # [64, 128]: plane m of word w at k column 16 m + w
+  by = f8.words_as_bytes(words, interpret=True)
+  assert by.shape == (64, 32) and by.dtype == jnp.uint8
+  np.testing.assert_array_equal(np.asarray(by[:, 1::2]), np.asarray(words >> 8).astype(np.uint8))
+  for p in range(f8.PLANES):
+    a = np.asarray(f8.fp8_plane(by, p, interpret=True).astype(jnp.float32), np.float64)
+    want = codes[:, f8.plane_k_index(p)] * f8.PLANE_FACTORS[p] * 2.0 ** f8.A_SCALE_LOG2
+    np.testing.assert_array_equal(a, want)
+
+
+def test_plane_k_index_covers_every_column_once():
+  idx = np.concatenate([f8.plane_k_index(p) for p in range(f8.PLANES)])
+  np.testing.assert_array_equal(np.sort(idx), np.arange(128))
+  assert list(f8.plane_k_index(0)[:4]) == [0, 64, 1, 65]  # byte 0 = word 0's planes 0-3, byte 1 its 4-7
+
+
+def test_bad_inputs_are_refused():
+  with pytest.raises(ValueError, match=r"p must be in \[0, 4\)"):
+    f8.plane_k_index(4)
+  with pytest.raises(ValueError, match=r"words must be \[rows, 16\] uint16"):
+    f8.words_as_bytes(jnp.zeros((8, 16), jnp.uint32), interpret=True)
+  with pytest.raises(ValueError, match=r"words must be \[rows, 16\] uint16"):
+    f8.words_as_bytes(jnp.zeros((8, 8), jnp.uint16), interpret=True)
+  with pytest.raises(ValueError, match="n must be >= 16 for kind 'fp16'"):
+    fp8_products.product_kernel("fp16", 8, 1, 1)
+  with pytest.raises(ValueError, match="kind must be one of"):
+    fp8_products.product_kernel("int8", 16, 1, 1)
+
+
+@pytest.mark.parametrize("kind,n", [("fp16", 16), ("e4m3", 16), ("e4m3", 8)])
+def test_key_products_match_the_codes(kind, n):
+  """One product of each build against the codes' (fp16: the dequantized subnormal planes; e4m3: the codes
+  times their plane's factor, B's rows in `plane_k_index` order). Natively on a GPU, else interpreted."""
+  assert fp8_products.check(kind, n, interpret=not NATIVE) < 1e-4
+
+
+@pytest.mark.parametrize("text", ["fp16:16:1:1", "fp16:8:1:none", "e4m3:16:1:1"])
+def test_wgmma_rate_kernel_sums_its_products(text):
+  case = wgmma_rate.Case.parse(text)
+  a, b = wgmma_rate.inputs(case, 2, jax.random.PRNGKey(1))
+  out = wgmma_rate.rate_kernel(case, 2, 2, 3, interpret=not NATIVE)(a, b)
+  ref = wgmma_rate.reference(a, b, case, 2, 3)
+  np.testing.assert_allclose(np.asarray(out), np.broadcast_to(np.asarray(ref), out.shape), rtol=2e-3, atol=1e-3)
+
+
+def test_wgmma_rate_cases_are_validated():
+  with pytest.raises(ValueError, match="is not dtype:N:programs_per_SM:lag"):
+    wgmma_rate.Case.parse("fp16:16:4")
+  with pytest.raises(ValueError, match="dtype must be one of"):
+    wgmma_rate.Case("bf16", 16, 4, 1)
+  with pytest.raises(ValueError, match="n must be a multiple of 8"):
+    wgmma_rate.Case("fp16", 12, 4, 1)
+  with pytest.raises(ValueError, match="programs"):
+    wgmma_rate.Case("fp16", 16, 0, 1)
