@@ -39,6 +39,36 @@ def test_plane_k_index_covers_every_column_once():
   assert list(f8.plane_k_index(0)[:4]) == [0, 64, 1, 65]  # byte 0 = word 0's planes 0-3, byte 1 its 4-7
 
 
+def test_b_rows_pair_columns_w_and_64_plus_w():
+  """B's row order (`plane_k_index` over the planes) read as 16-bit words: word w = (column w, column 64 + w);
+  its factor (`word_factors`) undoes the plane's A factor (c 4 2^-9 for odd planes, c 2^-9 for even)."""
+  c, w = f8.b_order_channels(), np.arange(64)
+  np.testing.assert_array_equal(c[2 * w], w)
+  np.testing.assert_array_equal(c[2 * w + 1], 64 + w)
+  plane = np.arange(128) // 32
+  want = 2.0 ** -f8.A_SCALE_LOG2 / np.array(f8.PLANE_FACTORS)[plane]
+  np.testing.assert_array_equal(np.asarray(f8.word_factors())[np.arange(128) // 2], want)
+
+
+def test_e4m3_words_hold_the_values_to_bf16_precision():
+  """hi + lo of each value within 2^-8 of it (relative; e4m3's subnormal step near 0), byte 0 of word w the
+  first half's value, byte 1 the second's; a value e4m3 holds exactly has lo = 0."""
+  k1, k2 = jax.random.split(jax.random.PRNGKey(2))
+  y_lo = jax.random.normal(k1, (64, 8)) * 40.0
+  y_hi = jax.random.normal(k2, (64, 8)).at[0, 0].set(1.5)  # 1.5 is exact in e4m3
+  words = np.asarray(f8.e4m3_words(y_lo, y_hi))
+  assert words.shape == (64, 16) and words.dtype == np.uint16
+
+  def val(wd, byte):
+    b = ((wd >> (8 * byte)) & 0xFF).astype(np.uint8)
+    return np.asarray(jax.lax.bitcast_convert_type(jnp.asarray(b), jnp.float8_e4m3fn).astype(jnp.float32))
+  for byte, y in ((0, y_lo), (1, y_hi)):
+    got = val(words[:, :8], byte).astype(np.float64) + val(words[:, 8:], byte)
+    y = np.asarray(y, np.float64)
+    assert np.all(np.abs(got - y) <= 2.0 ** -8 * np.abs(y) + 2.0 ** -10)
+  assert val(words[:, 8:], 1)[0, 0] == 0.0 and val(words[:, :8], 1)[0, 0] == 1.5
+
+
 def test_bad_inputs_are_refused():
   with pytest.raises(ValueError, match=r"p must be in \[0, 4\)"):
     f8.plane_k_index(4)
@@ -50,13 +80,17 @@ def test_bad_inputs_are_refused():
     fp8_products.product_kernel("fp16", 8, 1, 1)
   with pytest.raises(ValueError, match="kind must be one of"):
     fp8_products.product_kernel("int8", 16, 1, 1)
+  with pytest.raises(ValueError, match="n must be 16 for kind 'e4m3_kb'"):
+    fp8_products.product_kernel("e4m3_kb", 8, 1, 1)
 
 
-@pytest.mark.parametrize("kind,n", [("fp16", 16), ("e4m3", 16), ("e4m3", 8)])
-def test_key_products_match_the_codes(kind, n):
+@pytest.mark.parametrize("kind,n,tol", [("fp16", 16, 1e-4), ("e4m3", 16, 1e-4), ("e4m3", 8, 1e-4),
+                                        ("e4m3_kb", 16, 2e-3)])
+def test_key_products_match_the_codes(kind, n, tol):
   """One product of each build against the codes' (fp16: the dequantized subnormal planes; e4m3: the codes
-  times their plane's factor, B's rows in `plane_k_index` order). Natively on a GPU, else interpreted."""
-  assert fp8_products.check(kind, n, interpret=not NATIVE) < 1e-4
+  times their plane's factor, B's rows in `plane_k_index` order; e4m3_kb: B = the query times the scales,
+  built in the kernel as hi / lo words, bf16-level). Natively on a GPU, else interpreted."""
+  assert fp8_products.check(kind, n, interpret=not NATIVE) < tol
 
 
 @pytest.mark.parametrize("text", ["fp16:16:1:1", "fp16:8:1:none", "e4m3:16:1:1"])

@@ -10,11 +10,13 @@ topo = topologies.get_topology_desc(platform="cuda", target_config=open("benchma
 on = jax.sharding.SingleDeviceSharding(topo.devices[0])
 sd = lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=on)
 rows = []
-for kind, n in [("fp16", 16), ("e4m3", 16), ("e4m3", 8)]:
+KINDS = [tuple(x.split(":")) for x in (sys.argv[2] if len(sys.argv) > 2 else "fp16:16,e4m3:16,e4m3:8,e4m3_kb:16").split(",")]
+for kind, n in ((k, int(n)) for k, n in KINDS):
     d = f"/tmp/prod_dump/{kind}{n}"; shutil.rmtree(d, ignore_errors=True); os.makedirs(d)
     os.environ.update(MOSAIC_GPU_DUMP_TO=d, MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
-    args = (sd((128, 16), jnp.uint16), sd((128,), jnp.float16), sd((128,), jnp.float16),
-            sd(fp.b_shape(kind, n), jnp.float8_e4m3fn if kind == "e4m3" else jnp.float16))
+    sdt = jnp.bfloat16 if kind == "e4m3_kb" else jnp.float16
+    args = (sd((128, 16), jnp.uint16), sd((128,), sdt), sd((128,), sdt),
+            sd(fp.b_shape(kind, n), {"e4m3": jnp.float8_e4m3fn, "fp16": jnp.float16, "e4m3_kb": jnp.float32}[kind]))
     try:
         jax.jit(fp.product_kernel(kind, n, 528, 64)).trace(*args).lower().compile()
     except Exception as e:

@@ -15,6 +15,13 @@ byte is one [rows, 32] e4m3 A operand (`fp8_plane`): p = 0, 1 masked in place (c
 word shifted right by 4 (one 32-bit shift a register for both). Its column k holds the code of fp16 k column
 `plane_k_index(p)[k]` = 16 (4 (k % 2) + p) + k // 2, times `PLANE_FACTORS[p]` 2^`A_SCALE_LOG2`: the B rows
 (the query times the keys' scales, or the probabilities times the values') are stored in that order.
+
+B. In that order, B's rows 2 w and 2 w + 1 meet k columns w and 64 + w, whatever the plane: read as uint16
+words [N, 64], word w is (column w, column 64 + w). So B is built with no permutation (`e4m3_words`): the
+values of columns 0-63 and 64-127 as two [64, n] halves in WGMMA's layout (a thread holds the same rows of
+both), rounded to e4m3 in pairs, stored K-major as 16-bit words, and read by the WGMMA as e4m3 through a
+second view of the same shared memory (`plgpu.RefUnion`). e4m3 keeps 4 significant bits: each value is
+stored as hi + lo on two column blocks (about bf16's 8 bits), summed after the product in f32.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import numpy as np
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["A_SCALE_LOG2", "PLANE_FACTORS", "PLANES", "words_as_bytes", "fp8_plane", "plane_k_index"]
+__all__ = ["A_SCALE_LOG2", "PLANE_FACTORS", "PLANES", "words_as_bytes", "fp8_plane", "plane_k_index",
+           "b_order_channels", "word_factors", "e4m3_words"]
 
 A_SCALE_LOG2 = -9  # an e4m3 byte v < 16 is v 2^-9
 PLANES = 4  # 2-bit codes a byte: one k-32 A operand each
@@ -100,3 +108,34 @@ def _masked_plane(bytes_, p: int):
       regs[idx] = utils.bitcast(arith.andi(w, mask), vec)
     return FragmentedArray(_registers=regs, _layout=b.layout, _is_signed=None)
   return f(bytes_)
+
+
+
+def b_order_channels() -> np.ndarray:
+  """[128] int: the fp16 k column (channel for keys, token for values) that B's row j meets: plane j // 32,
+  column j % 32 (`plane_k_index`). Row pairs (2 w, 2 w + 1) meet columns w and 64 + w: B read as uint16
+  words [n, 64] is word w = (row w, row 64 + w) of the k-ordered operand, no permutation."""
+  return np.concatenate([plane_k_index(p) for p in range(PLANES)])
+
+
+def word_factors():
+  """[64] f32 (in a kernel: iota, no constant arrays): what B's word w carries besides its two values so that
+  A . B is the codes' product: 2^-A_SCALE_LOG2 / PLANE_FACTORS[p], p = w // 16 (its rows' plane)."""
+  w = lax.broadcasted_iota(jnp.int32, (64,), 0)
+  return jnp.where((w >> 4) & 1 == 1, 2.0 ** -A_SCALE_LOG2 / 4, 2.0 ** -A_SCALE_LOG2).astype(jnp.float32)
+
+
+def e4m3_words(y_lo, y_hi):
+  """y_lo, y_hi [64, n] f32 (k columns w and 64 + w) -> [64, 2 n] uint16: columns 0..n-1 the words of the
+  values rounded to e4m3 (hi: byte 0 y_lo's, byte 1 y_hi's), n..2n-1 of what that rounding left (lo), so
+  hi + lo is each value to about bf16's 8 significant bits. Stored K-major as [2 n, 64] words, it is the
+  e4m3 B operand [2 n, 128] in `b_order_channels`' order."""
+  def split(y):
+    hi = y.astype(jnp.float8_e4m3fn)
+    return hi, (y - hi.astype(jnp.float32)).astype(jnp.float8_e4m3fn)
+
+  def word(a, b):
+    u = lambda x: lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint16)
+    return u(a) | (u(b) << 8)
+  (h0, l0), (h1, l1) = split(y_lo), split(y_hi)
+  return jnp.concatenate([word(h0, h1), word(l0, l1)], axis=1)
