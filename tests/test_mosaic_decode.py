@@ -196,6 +196,41 @@ def test_narrow_mma_matches_the_16_column_products(fmt, head_dim, t, softcap, sl
     dataclasses.replace(base, narrow_mma=True, narrow_softmax=False)
 
 
+@pytest.mark.parametrize("lengths,t,softcap,sliding", [
+    ((509, 300, 1, 128), 1, None, None),  # Llama-3-8B's rows (4 heads x 1 token); one and 128 tokens
+    ((509, 300, 0, 260), 2, 2.0, 200),    # 8 rows, soft-cap, sliding window; an empty sequence
+])
+def test_fp8_mma_matches_the_reference(lengths, t, softcap, sliding):
+  """`Options.fp8_mma` (both products as e4m3 WGMMAs on the code bytes, B built each tile as hi + lo words,
+  the zeros' terms summed) == the library reference as closely as the fp16 build is (bf16-level B), over the
+  default call path (window and query preparation in the kernel). Natively on a GPU, else interpreted."""
+  c = _cache(lengths, appends=1, layout="words", fmt="kivi2_g128")
+  q = jnp.asarray(np.random.default_rng(5).normal(size=(len(lengths), 4, t, 128)), jnp.bfloat16)
+  run = lambda v: np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, variant=v, window="kernel",
+                                                 glue_in_kernel=True, logit_softcap=softcap, sliding_window=sliding),
+                             np.float32)
+  fp8, base = run("dequant_fp8"), run(md.DEFAULT_VARIANT)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c, logit_softcap=softcap, window=sliding))
+  assert test_base.relative_error(fp8, ref) < 4e-3
+  assert test_base.relative_error(fp8, base) < 3e-3
+  assert np.all(np.isfinite(fp8))
+
+
+def test_fp8_mma_refusals():
+  with pytest.raises(ValueError, match="fp8_mma needs dequant_in_a and narrow_softmax"):
+    dataclasses.replace(mk.VARIANTS["dequant_fp8"], narrow_softmax=False)
+  with pytest.raises(ValueError, match="fp8_mma needs dequant_in_a"):
+    dataclasses.replace(mk.VARIANTS["dequant_fp8"], narrow_mma=True)
+  q = jnp.zeros((1, 4, 3, 128), jnp.bfloat16)  # 12 rows: more than the narrow softmax's 8
+  c = _cache((200,), appends=0, layout="words", fmt="kivi2_g128")
+  with pytest.raises(ValueError, match="fp8_mma takes KIVI-2 G=128 at head_dim 128 with at most 8 query rows"):
+    md.decode_attention(q, c, num_splits=1, interpret=True, variant="dequant_fp8", window="kernel", glue_in_kernel=True)
+  c32 = _cache((200,), appends=0, layout="words", fmt="kivi2")
+  with pytest.raises(ValueError, match="got 2-bit codes, G=32"):
+    md.decode_attention(q[:, :, :1], c32, num_splits=1, interpret=True, variant="dequant_fp8", window="kernel",
+                        glue_in_kernel=True)
+
+
 @pytest.mark.parametrize("fmt,lengths,appends,t,softcap,sliding,via_ops", [
     ("kivi2_g128", (509, 300, 0, 1), 1, 1, 2.0, None, False),  # a cap that bites; empty; one token
     ("kivi2_g128", (509, 300, 130), 0, 1, None, 200, False),  # W=200: the first visible tile past 2 of 4 (skipped)

@@ -29,10 +29,17 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.gpu.mosaic_common import _Transposed, store_kmajor
+
 __all__ = ["A_SCALE_LOG2", "PLANE_FACTORS", "PLANES", "words_as_bytes", "fp8_plane", "plane_k_index",
-           "b_order_channels", "word_factors", "e4m3_words"]
+           "b_order_channels", "word_factors", "e4m3_words", "store_b", "b_slab", "WORD_TILES", "E4M3_TILES",
+           "b_buffers", "rows_half"]
+
+WORD_TILES = (plgpu.TilingTransform((8, 16)), plgpu.SwizzleTransform(32))  # B as uint16 words [N, 64]
+E4M3_TILES = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(32))  # the same bytes as e4m3 [N, 128]
 
 A_SCALE_LOG2 = -9  # an e4m3 byte v < 16 is v 2^-9
 PLANES = 4  # 2-bit codes a byte: one k-32 A operand each
@@ -139,3 +146,33 @@ def e4m3_words(y_lo, y_hi):
     return u(a) | (u(b) << 8)
   (h0, l0), (h1, l1) = split(y_lo), split(y_hi)
   return jnp.concatenate([word(h0, h1), word(l0, l1)], axis=1)
+
+
+def b_buffers(n: int, *, interpret: bool):
+  """Scratch for one e4m3 B operand [n, 128]: its uint16 word view [n, 64] and its e4m3 view, one buffer
+  (`plgpu.RefUnion`; in the interpreter two, `store_b` keeping them equal)."""
+  views = (plgpu.SMEM((n, 64), jnp.uint16, transforms=WORD_TILES),
+           plgpu.SMEM((n, 128), jnp.float8_e4m3fn, transforms=E4M3_TILES))
+  return views if interpret else plgpu.RefUnion(*views)
+
+
+def store_b(views, words, *, interpret: bool):
+  """words [64, N] uint16 (`e4m3_words`) -> the B operand (views from `b_buffers`), K-major."""
+  words_ref, e4m3_ref = views
+  store_kmajor(words_ref, words, interpret=interpret)
+  if interpret:  # the interpreter's two views are two buffers
+    e4m3_ref[...] = lax.bitcast_convert_type(words_ref[...], jnp.float8_e4m3fn).reshape(e4m3_ref.shape)
+
+
+def b_slab(views, p: int, *, interpret: bool):
+  """Plane p's [32, N] B slab (k columns 32 p ..) of the e4m3 view, transposed (it is stored K-major)."""
+  view = views[1].at[:, pl.ds(32 * p, 32)]
+  return _Transposed(view) if interpret else view.transpose((1, 0))
+
+
+def rows_half(ref, i: int, *, interpret: bool):
+  """ref [128] (a tile's per-k-column scales or zeros, any float dtype) -> rows 64 i .. 64 i + 63 as f32 in
+  WGMMA's row layout (a thread holds the rows it holds of a [64, n] WGMMA array)."""
+  half = ref.at[pl.ds(64 * i, 64)]
+  x = half[...] if interpret else plgpu.load(half, (), layout=plgpu.Layout.WGMMA.reduce(1))
+  return x.astype(jnp.float32)

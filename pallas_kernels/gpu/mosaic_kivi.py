@@ -34,6 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_kivi_checks as checks
+from pallas_kernels.gpu import mosaic_fp8_planes as fp8_planes, mosaic_kivi_fp8 as kivi_fp8
 from pallas_kernels.gpu import mosaic_kivi_window as window_lib, mosaic_planes as planes
 from pallas_kernels.gpu.mosaic_common import (balanced_range, kmajor_slab, soft_capped, softmax_columns, store_kmajor,
                                               wgmma_sum, widened)
@@ -103,6 +104,11 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   kwpr, vwpr, per_word = h * bits // 16, 8 * bits, 16 // bits  # words a row (keys' h channels, values' 128 tokens)
   vh = h // TILE  # value halves: 128-channel value accumulators; h = 256: value scales [S, 2] a token
   grouped = group != TILE
+  f8mma = opt.fp8_mma
+  if f8mma and (bits != 2 or grouped or h != TILE or not narrow):
+    raise ValueError(f"variant: fp8_mma takes KIVI-2 G=128 at head_dim 128 with at most {NARROW_ROWS} query rows, "
+                     f"got {bits}-bit codes, G={group}, head_dim {h}, {live_rows} rows")
+  o_cols = width if nmma or f8mma else ROWS  # o's columns through the loop (widened to ROWS at the end)
   if window is not None:
     w_len, k_res, v_res, w_queries = window
   per = s // TILE // num_splits
@@ -174,7 +180,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     n = ref.shape[1] // 16
     return [load(ref)] if n == 1 else [load(ref.at[:, pl.ds(16 * t, 16)]) for t in range(n)]
 
-  denorm = opt.unpack == "denorm"
+  denorm = opt.unpack == "denorm" and not f8mma  # fp8_mma: the logits and probabilities in natural units
 
   def softmax(scs, first_tile, m_prev, length, lo0=None):
     """Masked online softmax over consecutive tiles' [TILE, N] logits (one cross-warp max for all).
@@ -272,6 +278,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       return o, m_new, l_new, cv
     return step
 
+  fp8_step = kivi_fp8.make_step(mma=mma, softmax=softmax, l_update=l_update, width=width, interpret=interpret,
+                                manual_barriers=opt.manual_barriers) if f8mma else None
+
   if window is not None:  # the residual window's program (`mosaic_kivi_window`)
     wparts = window_lib.WindowParts(h, vh, bits, per_word, grouped, w_queries, softcap, sliding, interpret,
                                     k_res.dtype, v_res.dtype, code_tiles, b_tiles, col, word_tiles, mma,
@@ -283,6 +292,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     lw_g, kres_g, vres_g = win_refs if window is not None else (None,) * 3
     outs = refs[n_in:n_in + 3 + (merged is not None)]
     pt_smem, q16_smem, s16, bar, *rest = refs[n_in + len(outs):len(refs) - bool(opt.smem_pad_kb)]  # pad: unused
+    f8_bufs, rest = (tuple(rest[:2]), rest[2:]) if f8mma else (None, rest)  # fp8_mma: B_K's and B_V's views
     qs_smem, q_smem, zsk_smem, zsv_smem, *sync = rest if resident else [None] * 4 + rest
     counters = None if merged is None else epilogue.merge_counters(merge_by, b, kh)  # once: both branches' count
 
@@ -378,8 +388,9 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       return o, m_new, l_new, cv
 
     acc_shape = (TILE, width) if opt.lazy_sums else (width,)
-    cv_shape = (1,) if opt.fold_zeros or opt.dequant_in_a else acc_shape  # zeros in A: no value zero term
-    o0 = (jnp.zeros((TILE, wn), jnp.float32),) * vh if opt.dequant_in_a else jnp.zeros((h, ROWS), jnp.float32)
+    cv_shape = ((TILE, width) if f8mma else (1,) if opt.fold_zeros or opt.dequant_in_a
+                else acc_shape)  # zeros in A: no value zero term; fp8_mma: lazy per-thread sums
+    o0 = (jnp.zeros((TILE, o_cols), jnp.float32),) * vh if opt.dequant_in_a else jnp.zeros((h, ROWS), jnp.float32)
     init = (o0, jnp.full((width,), NEG, jnp.float32),
             jnp.zeros(acc_shape, jnp.float32), jnp.zeros(cv_shape, jnp.float32))
     nt = opt.tiles_per_step
@@ -392,16 +403,22 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     elif opt.stop_at_length:  # only steps holding a token below the length (none past it)
       live = jnp.minimum(lax.div(length + (nt * TILE - 1), nt * TILE), num_splits * steps)
       steps = jnp.clip(live - first, 0, steps)
-    pipe = plgpu.emit_pipeline(
-        dequant_step(length, first, pt_smem, q16_smem, s16, magic, lo0) if opt.dequant_in_a else step, grid=(steps,),
-        max_concurrent_steps=stages, init_carry=init,
+    pipe = lambda step_fn: plgpu.emit_pipeline(
+        step_fn, grid=(steps,), max_concurrent_steps=stages, init_carry=init,
         in_specs=[plgpu.BlockSpec((nt * TILE, kwpr), lambda t: (first + t, 0), transforms=code_tiles),
                   plgpu.BlockSpec((nt * h, vwpr), lambda t: (first + t, 0), transforms=code_tiles),
                   *[plgpu.BlockSpec(sblock(nt, n_, key), lambda t: (first + t,) + (0,) * grouped)
                     for n_, key in scale_ns]])
+
     def tiles():
       src = (0, 0) if opt.timing_only == "l2" else (bi, ki)  # diagnostic: one (b, k)'s bytes for every program
-      o, m_f, l_f, cv = pipe(*(x.at[src] for x in (kc_g, vc_g, ks_g, kz_g, vs_g, vz_g)))
+      if f8mma:  # the query's halves for B_K, loaded once (in this branch: the window program needs none)
+        step_fn = fp8_step(length, first, f8_bufs, kivi_fp8.query_halves(q16_smem, width, interpret=interpret), lo0)
+      else:
+        step_fn = dequant_step(length, first, pt_smem, q16_smem, s16, magic, lo0) if opt.dequant_in_a else step
+      o, m_f, l_f, cv = pipe(step_fn)(*(x.at[src] for x in (kc_g, vc_g, ks_g, kz_g, vs_g, vz_g)))
+      if f8mma:  # the values' zero term
+        o = (kivi_fp8.finish(o[0], cv),)
       if opt.lazy_sums:
         l_f = jnp.sum(l_f, axis=0)
         if not (opt.fold_zeros or opt.dequant_in_a):
@@ -410,7 +427,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
         l_f = l_f * 2.0 ** -DENORM_LOG2
       if narrow:  # the rows past NARROW_ROWS: no token's state
         m_f, l_f = widened(m_f, NEG), widened(l_f, 0.0)
-      if nmma:
+      if nmma or f8mma:
         o = tuple(widened(o_u, 0.0) for o_u in o)
       emit(o if opt.fold_zeros or opt.dequant_in_a else o + cv[None, :], m_f, l_f)
 
@@ -443,6 +460,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                      [plgpu.SMEM(sblock(opt.tiles_per_step, n_, key), jnp.float16) for n_, key in scale_ns]
                      if once else [],
                      plgpu.Barrier(num_arrivals=1),
+                     *((fp8_planes.b_buffers(ROWS, interpret=interpret),) * 2 if f8mma else ()),
                      *((plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles), plgpu.SMEM((h, ROWS), jnp.float32),
                         plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16)) if resident else ()),
                      *(() if merged is None else epilogue.merge_scratch(merge_by)),

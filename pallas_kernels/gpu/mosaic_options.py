@@ -79,6 +79,13 @@ class Options:
     101; 93 with lag 0, 5 programs per SM with the window's 32-channel key parts), no fewer loop instructions
     (ptxas had already dropped the padding columns' work). The window program keeps N = 16 (its own fp16
     query copy).
+  fp8_mma: with the narrow softmax in effect (KIVI-2 G=128 at head_dim 128), both products as e4m3 WGMMAs
+    of k = 32 on the code bytes themselves (`mosaic_fp8_planes`: 8 a product instead of 16, no dequantized A),
+    their B built each tile as hi + lo e4m3 words (the query times the keys' scales; the probabilities times
+    the values' scales), the zeros' terms as a per-tile sum (keys) and lazy per-thread sums (values); the
+    softmax in natural units (no 2^DENORM_LOG2). About bf16's precision in B (the fp16 build: fp16's). Session
+    37: its key step alone took 183.9 ns per SM against the fp16 build's 242.6 (H100, 4 programs per SM).
+    Scales below 64 (as unpack="denorm"; the query is scaled by a power of two per column for e4m3's range).
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
@@ -107,6 +114,7 @@ class Options:
   min_share: int = 1
   narrow_softmax: bool = True
   narrow_mma: bool = False
+  fp8_mma: bool = False
   timing_only: str = ""
   smem_pad_kb: int = 0
 
@@ -115,6 +123,10 @@ class Options:
         self.timing_only in ("scale", "unpack") and self.unpack != "denorm":
       raise ValueError(f"timing_only must be '', 'l2', or 'scale' / 'unpack' with unpack='denorm', got "
                        f"{self.timing_only!r} (unpack={self.unpack!r})")
+    if self.fp8_mma and (not self.dequant_in_a or not self.narrow_softmax or self.narrow_mma
+                         or self.tiles_per_step != 1 or self.timing_only in ("scale", "unpack")):
+      raise ValueError("fp8_mma needs dequant_in_a and narrow_softmax, one tile a step, neither narrow_mma nor a "
+                       "timing_only that drops the dequantization")
     if self.narrow_mma and not self.narrow_softmax:
       raise ValueError("narrow_mma needs narrow_softmax (the N = 8 products hold the narrow softmax's 8 rows)")
     if not 0 <= self.smem_pad_kb <= 160:
@@ -196,6 +208,9 @@ VARIANTS = {
     "dequant_denorm_s32_mb_n8": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
                                         stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
                                         lag=0, narrow_mma=True),
+    # session 37: both products as e4m3 WGMMAs on the code bytes (KIVI-2 G=128, head_dim 128, <= 8 query rows)
+    "dequant_fp8": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                           stop_at_length=True, balance=True, shift32=True, manual_barriers=True, fp8_mma=True),
     "dequant_mask_s16_bal_om_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                            stop_at_length=True, balance=True, opaque_magic=True, shift32=True),
 }
