@@ -216,19 +216,18 @@ def test_fp8_mma_matches_the_reference(lengths, t, softcap, sliding):
   assert np.all(np.isfinite(fp8))
 
 
-def test_fp8_mma_refusals():
+def test_fp8_mma_applies_where_it_can_else_the_fp16_step():
+  """More than 8 query rows, or G=32: the fp16 step, bit for bit the default's; the options are validated."""
   with pytest.raises(ValueError, match="fp8_mma needs dequant_in_a and narrow_softmax"):
     dataclasses.replace(mk.VARIANTS["dequant_fp8"], narrow_softmax=False)
   with pytest.raises(ValueError, match="fp8_mma needs dequant_in_a"):
     dataclasses.replace(mk.VARIANTS["dequant_fp8"], narrow_mma=True)
-  q = jnp.zeros((1, 4, 3, 128), jnp.bfloat16)  # 12 rows: more than the narrow softmax's 8
-  c = _cache((200,), appends=0, layout="words", fmt="kivi2_g128")
-  with pytest.raises(ValueError, match="fp8_mma takes KIVI-2 G=128 at head_dim 128 with at most 8 query rows"):
-    md.decode_attention(q, c, num_splits=1, interpret=True, variant="dequant_fp8", window="kernel", glue_in_kernel=True)
-  c32 = _cache((200,), appends=0, layout="words", fmt="kivi2")
-  with pytest.raises(ValueError, match="got 2-bit codes, G=32"):
-    md.decode_attention(q[:, :, :1], c32, num_splits=1, interpret=True, variant="dequant_fp8", window="kernel",
-                        glue_in_kernel=True)
+  q = jnp.asarray(np.random.default_rng(2).normal(size=(1, 4, 3, 128)), jnp.bfloat16)  # 12 rows
+  for fmt, rows in (("kivi2_g128", 3), ("kivi2", 1)):
+    c = _cache((200,), appends=0, layout="words", fmt=fmt)
+    run = lambda v, c=c, rows=rows: np.asarray(md.decode_attention(q[:, :, :rows], c, num_splits=1, interpret=True,
+                                                                   variant=v, window="kernel", glue_in_kernel=True))
+    np.testing.assert_array_equal(run("dequant_fp8"), run("dequant_denorm_s32_mb"))
 
 
 @pytest.mark.parametrize("fmt,lengths,appends,t,softcap,sliding,via_ops", [

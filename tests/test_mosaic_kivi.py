@@ -400,6 +400,28 @@ def test_subnormal_planes_bound_the_scales(dtype):
       _check_states(out, mk.reference_states(q_t, ln, kc, ks2, kz, vc, vs2, vz, num_splits=2), DENORM_FIXED)
 
 
+@pytest.mark.parametrize("key_scale,value_scale,finite", [(None, None, True), (30.0, 100.0, True),
+                                                           (1e4, None, True), (None, 120.0, False)])
+def test_fp8_mma_ranges(key_scale, value_scale, finite):
+  """`Options.fp8_mma` (over fixed splits, as the reference): the keys' B is scaled per tile and column by its
+  largest value, so any key scale is in e4m3's range, and B's values within ~500x of that largest keep about
+  bf16's 8 bits (a channel's scale 100x the others' here; at 3e4x, 1e4, only the states' finiteness is
+  checked: the others lose bits). Value scales below `mosaic_kivi_fp8.SCALE_LIMIT` (112) are in range; at or
+  above it the states are NaN (e4m3's conversion would saturate: wrong, silently). 4 live query rows."""
+  q_t, ln, kc, ks, kz, vc, vs, vz = _case(lengths=(256, 200))
+  ks2 = ks if key_scale is None else ks.at[0, 0, 0, 3].set(key_scale)
+  vs2 = vs if value_scale is None else vs.at[0, 0, 5].set(value_scale)
+  out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks2, kz, mk.pack_values(vc), vs2, vz, num_splits=2,
+                        interpret=True, variant=dataclasses.replace(DENORM_FIXED, fp8_mma=True), live_rows=4)
+  assert np.isfinite(np.asarray(out[0][0, 0])).all() == finite
+  if finite and (key_scale or 0) < 1e3:
+    ref = mk.reference_states(q_t, ln, kc, ks2, kz, vc, vs2, vz, num_splits=2)
+    (o, m, l), (ro, rm, rl) = ([np.asarray(x)[..., :4] for x in r] for r in (out, ref))
+    seen = rl > 0
+    np.testing.assert_allclose(m[seen], rm[seen], rtol=2e-3, atol=3e-3)
+    assert test_base.relative_error(l, rl) < 3e-3 and test_base.relative_error(o, ro) < 3e-3
+
+
 @pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
                     reason="Mosaic GPU's CUDA lowering needs jax-cuda12-plugin")
 @pytest.mark.parametrize("variant", mk.VARIANTS)

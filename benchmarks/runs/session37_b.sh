@@ -22,7 +22,7 @@ for l in sys.stdin:
   except Exception: print(l[:200])"
 LEFT=$(( LIMIT - SECONDS - 8 ))
 if (( LEFT > 60 )); then
-  timeout $LEFT python3 benchmarks/runs/session37_ops.py $OUT 8:32768,1:32768,64:32768 > $OUT/ops_log.txt 2>&1
+  timeout $LEFT python3 benchmarks/runs/session37_ops.py $OUT ${OPS_POINTS:-8:32768,1:32768,64:32768} > $OUT/ops_log.txt 2>&1
   echo "ops rc=$?"; rm -f $OUT/*.png
   grep -v Warning $OUT/ops_log.txt | grep -E " us |failed|Error" | cut -c1-200 | tail -n 12
 fi

@@ -104,10 +104,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
   kwpr, vwpr, per_word = h * bits // 16, 8 * bits, 16 // bits  # words a row (keys' h channels, values' 128 tokens)
   vh = h // TILE  # value halves: 128-channel value accumulators; h = 256: value scales [S, 2] a token
   grouped = group != TILE
-  f8mma = opt.fp8_mma
-  if f8mma and (bits != 2 or grouped or h != TILE or not narrow):
-    raise ValueError(f"variant: fp8_mma takes KIVI-2 G=128 at head_dim 128 with at most {NARROW_ROWS} query rows, "
-                     f"got {bits}-bit codes, G={group}, head_dim {h}, {live_rows} rows")
+  f8mma = opt.fp8_mma and bits == 2 and not grouped and h == TILE and narrow  # where it applies, else fp16
   o_cols = width if nmma or f8mma else ROWS  # o's columns through the loop (widened to ROWS at the end)
   if window is not None:
     w_len, k_res, v_res, w_queries = window

@@ -3,15 +3,17 @@ put together for `mosaic_kivi.kivi2_states` (KIVI-2 G=128 at head_dim 128, at mo
 
 Per 128-token tile, with the code words as e4m3 A operands (4 planes of k = 32, 8 WGMMAs a product):
 
-  logits [128 tok, 8] = (A_K . B_K)[:, hi] + (A_K . B_K)[:, lo], times 2^-e per column, plus q . z_K
-  B_K = e4m3 words of (q 2^e) s_K        (per tile: the tile's key scales; q's exponent e once a program)
+  logits [128 tok, 8] = ((A_K . B_K)[:, hi] + (A_K . B_K)[:, lo]) 2^et + q . z_K   (et per tile and column)
+  B_K = e4m3 words of q s_K 2^-et   (et puts each column's largest |B_K| in [128, 256): a cross-warp max a tile)
   o [128 ch, 8]      = o alpha + ((A_V . B_V)[:, hi] + (A_V . B_V)[:, lo]) 2^-VALUE_SCALE_LOG2
   B_V = e4m3 words of p s_V 2^VALUE_SCALE_LOG2, and sum_t p z_V kept as lazy per-thread sums
 
 Each product accumulates fresh (the fp8 accumulator keeps fewer bits than f32) and is added in f32.
-Ranges: e4m3 holds up to 448. B_K's largest value is below 2^-7 x 64 x 2^9 = 256 for scales below 64 (the
-query's per-column exponent puts its largest magnitude in [2^-8, 2^-7)); B_V's below 64 x 2^9 x 2^-7 = 256
-(p <= 1).
+Ranges: e4m3 holds 2^-9 to 448, and the lo terms stay in its normal range (2^-6 up) only if B's largest values
+are near the top: B_K's are put in [128, 256) per tile and column, whatever the scales. B_V = p s 2^9 2^-7 / f <= 4 s
+(p <= 1): value scales below SCALE_LIMIT = 112 are in range (unpack="denorm"'s fp16 build takes below 64); at
+or above it the states are NaN (checked per tile). The probabilities' range is fixed: small p s lose
+relative precision there, but their terms are small against o's.
 """
 
 from __future__ import annotations
@@ -23,23 +25,33 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_fp8_planes as f8
 
-__all__ = ["QUERY_TOP_LOG2", "VALUE_SCALE_LOG2", "query_halves", "make_step", "finish"]
+__all__ = ["VALUE_SCALE_LOG2", "SCALE_LIMIT", "query_halves", "make_step", "finish"]
 
-QUERY_TOP_LOG2 = -8  # the query column's largest magnitude is scaled into [2^this, 2^(this + 1))
 VALUE_SCALE_LOG2 = -7  # B_V = p s 2^9 / f 2^this
+SCALE_LIMIT = 448.0 / 4  # B_V <= 4 s: a value scale at or above this makes the states NaN, not wrong
+
+
+def _pow2(x):
+  """2^x for int32 x in [-126, 127] (from the exponent bits: Mosaic GPU lowers no floor / exp2 of ints)."""
+  return lax.bitcast_convert_type((x + 127) << 23, jnp.float32)
+
+
+def _exponent(x):
+  """floor(log2(x)) of f32 x >= 0 from its exponent bits, clipped to [-100, 100] (0 gives -100)."""
+  return jnp.clip((lax.bitcast_convert_type(x, jnp.int32) >> 23) - 127, -100, 100)
+
+
+def _checked(s):
+  """A tile's value scales, NaN at or above SCALE_LIMIT (e4m3's conversion saturates: wrong, silently)."""
+  return jnp.where(s < SCALE_LIMIT, s, jnp.nan)
 
 
 def query_halves(q16_ref, width: int, *, interpret: bool):
-  """The program's query for B_K: (q_lo, q_hi [64, width] f32, the channels 0-63 and 64-127, each column
-  times 2^e; inv [width] = 2^-e), from the fp16 query [128, 16] in shared memory."""
+  """The program's query for B_K: (q_lo, q_hi [64, width] f32: channels 0-63 and 64-127), from the fp16 query
+  [128, 16] in shared memory."""
   q = q16_ref[...] if interpret else plgpu.load(q16_ref, (), layout=plgpu.Layout.WGMMA)
   q = q.astype(jnp.float32)[:, :width]
-  top = jnp.max(jnp.abs(q), axis=0)
-  # floor(log2(top)) from the exponent bits (Mosaic GPU lowers no floor); a zero column (padding) gets 1
-  e = jnp.clip((lax.bitcast_convert_type(top, jnp.int32) >> 23) - 127, -100, 100)
-  pow2 = lambda x: lax.bitcast_convert_type((x + 127) << 23, jnp.float32)  # 2^x, x in [-126, 127]
-  q = q * pow2(QUERY_TOP_LOG2 - e)[None, :]
-  return q[:64], q[64:], pow2(e - QUERY_TOP_LOG2)
+  return q[:64], q[64:]
 
 
 def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_barriers: bool):
@@ -48,7 +60,7 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
 
   def build(length, first, bufs, query, lo0):
     bk, bv = bufs
-    q_lo, q_hi, inv = query
+    q_lo, q_hi = query
     load = (lambda ref: ref[...]) if interpret else (
         lambda ref: plgpu.load(ref, (), layout=plgpu.Layout.WGMMA))
     row = (lambda ref: ref[...]) if interpret else (
@@ -65,18 +77,21 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
       o, m_prev, l_prev, cv = carry
       fac = f8.word_factors()
       with jax.named_scope("kprep"):
-        s_lo, s_hi = (f8.rows_half(ks_s, i, interpret=interpret) * fac for i in range(2))
-        f8.store_b(bk, f8.e4m3_words(q_lo * s_lo[:, None], q_hi * s_hi[:, None]), interpret=interpret)
+        y_lo, y_hi = (q * (f8.rows_half(ks_s, i, interpret=interpret) * fac)[:, None]
+                      for i, q in enumerate((q_lo, q_hi)))
+        # each column's largest |B_K| into [128, 256) (a cross-warp max a tile, as the softmax's)
+        et = _exponent(jnp.max(jnp.maximum(jnp.abs(y_lo), jnp.abs(y_hi)), axis=0)) - 7
+        f8.store_b(bk, f8.e4m3_words(y_lo * _pow2(-et)[None, :], y_hi * _pow2(-et)[None, :]), interpret=interpret)
         z_lo, z_hi = (f8.rows_half(kz_s, i, interpret=interpret) for i in range(2))
-        dz = jnp.sum(q_lo * z_lo[:, None] + q_hi * z_hi[:, None], axis=0)  # q . z (scaled by 2^e)
+        dz = jnp.sum(q_lo * z_lo[:, None] + q_hi * z_hi[:, None], axis=0)  # q . z
         plgpu.commit_smem()
       with jax.named_scope("kmma"):
-        sc = (product(kc_s, bk) + dz[None, :]) * inv[None, :]
+        sc = product(kc_s, bk) * _pow2(et)[None, :] + dz[None, :]
       with jax.named_scope("softmax"):
         (p,), m_new, alpha = softmax([sc], first + idx[0], m_prev, length, lo0)
       with jax.named_scope("vprep"):
         vfac = fac * 2.0 ** VALUE_SCALE_LOG2
-        v_lo, v_hi = (f8.rows_half(vs_s, i, interpret=interpret) * vfac for i in range(2))
+        v_lo, v_hi = (_checked(f8.rows_half(vs_s, i, interpret=interpret)) * vfac for i in range(2))
         f8.store_b(bv, f8.e4m3_words(p[:64] * v_lo[:, None], p[64:] * v_hi[:, None]), interpret=interpret)
         cv = cv * alpha[None, :] + p * row(vz_s).astype(jnp.float32)[:, None]  # sum_t p z_t, lazily
         l_new = l_update(l_prev, alpha, p)

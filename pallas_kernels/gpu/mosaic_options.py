@@ -79,13 +79,14 @@ class Options:
     101; 93 with lag 0, 5 programs per SM with the window's 32-channel key parts), no fewer loop instructions
     (ptxas had already dropped the padding columns' work). The window program keeps N = 16 (its own fp16
     query copy).
-  fp8_mma: with the narrow softmax in effect (KIVI-2 G=128 at head_dim 128), both products as e4m3 WGMMAs
-    of k = 32 on the code bytes themselves (`mosaic_fp8_planes`: 8 a product instead of 16, no dequantized A),
+  fp8_mma: where the narrow softmax applies to KIVI-2 G=128 at head_dim 128 (else the fp16 step), both
+    products as e4m3 WGMMAs of k = 32 on the code bytes themselves (`mosaic_fp8_planes`: 8 a product, not 16,
+    and no dequantized A),
     their B built each tile as hi + lo e4m3 words (the query times the keys' scales; the probabilities times
     the values' scales), the zeros' terms as a per-tile sum (keys) and lazy per-thread sums (values); the
-    softmax in natural units (no 2^DENORM_LOG2). About bf16's precision in B (the fp16 build: fp16's). Session
-    37: its key step alone took 183.9 ns per SM against the fp16 build's 242.6 (H100, 4 programs per SM).
-    Scales below 64 (as unpack="denorm"; the query is scaled by a power of two per column for e4m3's range).
+    softmax in natural units (no 2^DENORM_LOG2). About bf16's precision in B (the fp16 build: fp16's). Scales
+    below `mosaic_kivi_fp8.SCALE_LIMIT` (112; NaN states above). Session 37 (H100, B=8 32k): 105.5 -> 95.4 us
+    alone, 103.1 -> 93.1 through ops (`mosaic_kivi_fp8`).
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
