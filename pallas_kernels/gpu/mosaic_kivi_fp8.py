@@ -4,13 +4,15 @@ put together for `mosaic_kivi.kivi2_states` (KIVI-2 G=128 at head_dim 128, at mo
 Per 128-token tile, with the code words as e4m3 A operands (4 planes of k = 32, 8 WGMMAs a product):
 
   logits [128 tok, 8] = ((A_K . B_K)[:, hi] + (A_K . B_K)[:, lo]) 2^et + q . z_K   (et per tile and column)
-  B_K = e4m3 words of q s_K 2^-et   (et puts each column's largest |B_K| in [128, 256): a cross-warp max a tile)
+  B_K = e4m3 words of q s_K 2^-et   (et puts a bound on each column's |B_K| in [128, 256): the column's
+                                     largest |q| x the tile's largest scale, that one read by every warp)
   o [128 ch, 8]      = o alpha + ((A_V . B_V)[:, hi] + (A_V . B_V)[:, lo]) 2^-VALUE_SCALE_LOG2
   B_V = e4m3 words of p s_V 2^VALUE_SCALE_LOG2, and sum_t p z_V kept as lazy per-thread sums
 
 Each product accumulates fresh (the fp8 accumulator keeps fewer bits than f32) and is added in f32.
 Ranges: e4m3 holds 2^-9 to 448, and the lo terms stay in its normal range (2^-6 up) only if B's largest values
-are near the top: B_K's are put in [128, 256) per tile and column, whatever the scales. B_V = p s 2^9 2^-7 / f <= 4 s
+are near the top: B_K's bound is put in [128, 256) per tile and column, whatever the scales (values within ~2^9
+of it keep ~8 bits: the bound is max |q| max s, at or above max |q s|). B_V = p s 2^9 2^-7 / f <= 4 s
 (p <= 1): value scales below SCALE_LIMIT = 112 are in range (unpack="denorm"'s fp16 build takes below 64); at
 or above it the states are NaN (checked per tile). The probabilities' range is fixed: small p s lose
 relative precision there, but their terms are small against o's.
@@ -25,7 +27,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_fp8_planes as f8
 
-__all__ = ["VALUE_SCALE_LOG2", "SCALE_LIMIT", "query_halves", "make_step", "finish"]
+__all__ = ["VALUE_SCALE_LOG2", "SCALE_LIMIT", "query_halves", "scales_max", "make_step", "finish"]
 
 VALUE_SCALE_LOG2 = -7  # B_V = p s 2^9 / f 2^this
 SCALE_LIMIT = 448.0 / 4  # B_V <= 4 s: a value scale at or above this makes the states NaN, not wrong
@@ -47,11 +49,40 @@ def _checked(s):
 
 
 def query_halves(q16_ref, width: int, *, interpret: bool):
-  """The program's query for B_K: (q_lo, q_hi [64, width] f32: channels 0-63 and 64-127), from the fp16 query
-  [128, 16] in shared memory."""
+  """The program's query for B_K: (q_lo, q_hi [64, width] f32: channels 0-63 and 64-127; top [width]: each
+  column's largest magnitude), from the fp16 query [128, 16] in shared memory."""
   q = q16_ref[...] if interpret else plgpu.load(q16_ref, (), layout=plgpu.Layout.WGMMA)
   q = q.astype(jnp.float32)[:, :width]
-  return q[:64], q[64:]
+  return q[:64], q[64:], jnp.max(jnp.abs(q), axis=0)
+
+
+def scales_max(ref, width: int, *, interpret: bool):
+  """The largest of a tile's 128 scales (ref [128], shared memory), as a [width] column vector: each warp reads
+  all of them (4 a lane) and reduces by shuffles, no barrier."""
+  if interpret:
+    return jnp.full((width,), jnp.max(ref[...].astype(jnp.float32)), jnp.float32)
+  from jax._src.lib.mlir import ir  # noqa: PLC0415
+  from jax._src.lib.mlir.dialects import arith, vector  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import FragmentedArray, utils  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import fragmented_array as fa  # noqa: PLC0415
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),),
+                     return_type=plgpu.ShapeDtypeStruct((width,), jnp.float32, layout=plgpu.Layout.WGMMA.reduce(0)))
+  def f(ctx, r):
+    del ctx
+    f32, index = ir.F32Type.get(), ir.IndexType.get()
+    elt = ir.MemRefType(r.type).element_type
+    lane = arith.remui(utils.thread_idx(), arith.constant(ir.IntegerType.get_signless(32), 32))
+    start = arith.index_cast(index, arith.muli(lane, arith.constant(ir.IntegerType.get_signless(32), 4)))
+    v = vector.load(ir.VectorType.get((4,), elt), r, [start])
+    m = None
+    for i in range(4):
+      x = vector.extract(v, [], [i])
+      x = x if elt == f32 else arith.extf(f32, x)
+      m = x if m is None else arith.maximumf(m, x)
+    m = utils.warp_tree_reduce(m, arith.maximumf, 32)
+    return FragmentedArray.splat(m, (width,), fa.WGMMA_COL_LAYOUT)
+  return f(ref)
 
 
 def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_barriers: bool):
@@ -60,7 +91,7 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
 
   def build(length, first, bufs, query, lo0):
     bk, bv = bufs
-    q_lo, q_hi = query
+    q_lo, q_hi, q_top = query
     load = (lambda ref: ref[...]) if interpret else (
         lambda ref: plgpu.load(ref, (), layout=plgpu.Layout.WGMMA))
     row = (lambda ref: ref[...]) if interpret else (
@@ -79,8 +110,8 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
       with jax.named_scope("kprep"):
         y_lo, y_hi = (q * (f8.rows_half(ks_s, i, interpret=interpret) * fac)[:, None]
                       for i, q in enumerate((q_lo, q_hi)))
-        # each column's largest |B_K| into [128, 256) (a cross-warp max a tile, as the softmax's)
-        et = _exponent(jnp.max(jnp.maximum(jnp.abs(y_lo), jnp.abs(y_hi)), axis=0)) - 7
+        # each column's bound on |B_K| (its largest |q| x the tile's largest scale x 2^9) into [128, 256)
+        et = _exponent(q_top * scales_max(ks_s, q_top.shape[0], interpret=interpret) * 2.0 ** 9) - 7
         f8.store_b(bk, f8.e4m3_words(y_lo * _pow2(-et)[None, :], y_hi * _pow2(-et)[None, :]), interpret=interpret)
         z_lo, z_hi = (f8.rows_half(kz_s, i, interpret=interpret) for i in range(2))
         dz = jnp.sum(q_lo * z_lo[:, None] + q_hi * z_hi[:, None], axis=0)  # q . z
