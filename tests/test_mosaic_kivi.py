@@ -48,8 +48,8 @@ _opts = lambda v: v if isinstance(v, mk.Options) else mk.VARIANTS[v]
 
 def test_interpreted_presets_cover_every_option():
   for field in dataclasses.fields(mk.Options):
-    if field.name in ("timing_only", "narrow_softmax", "narrow_mma", "smem_pad_kb"):  # their own tests below
-      # (narrow: needs live_rows <= 8; narrow_mma: also test_mosaic_decode)
+    if field.name in ("timing_only", "narrow_softmax", "narrow_mma", "smem_pad_kb", "fp8_mma"):  # own tests
+      # (narrow: needs live_rows <= 8; narrow_mma and fp8_mma: also test_mosaic_decode)
       continue
     # the default and min_share=4 run in test_balanced_splits_share_the_live_tiles
     seen = {getattr(_opts(v), field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT, "dequant_denorm_s32_mb4")}
