@@ -81,12 +81,13 @@ class Options:
     query copy).
   fp8_mma: where the narrow softmax applies to KIVI-2 G=128 at head_dim 128 (else the fp16 step), both
     products as e4m3 WGMMAs of k = 32 on the code bytes themselves (`mosaic_fp8_planes`: 8 a product, not 16,
-    and no dequantized A),
-    their B built each tile as hi + lo e4m3 words (the query times the keys' scales; the probabilities times
-    the values' scales), the zeros' terms as a per-tile sum (keys) and lazy per-thread sums (values); the
-    softmax in natural units (no 2^DENORM_LOG2). About bf16's precision in B (the fp16 build: fp16's). Scales
-    below `mosaic_kivi_fp8.SCALE_LIMIT` (112; NaN states above). Session 37 (H100, B=8 32k): 105.5 -> 95.4 us
-    alone, 103.1 -> 93.1 through ops (`mosaic_kivi_fp8`).
+    and no dequantized A), their B built each tile as hi + lo e4m3 words (the query times the keys' scales;
+    the probabilities times the values' scales), the zeros' terms as a per-tile sum (keys) and lazy per-thread sums (values); the
+    softmax in natural units (no 2^DENORM_LOG2). B holds about bf16's 8 bits (the fp16 build: fp16's 11),
+    each B_K column scaled per tile to e4m3's top range; value scales below `mosaic_kivi_fp8.SCALE_LIMIT` (112;
+    NaN states above). Off by default: session 37 (H100, B=8 32k through ops, default 103 us) timed a first
+    build at 93.1 us (its B range too coarse: 7e-3 in o) and an exact-range one at 100.3; this build (a cheaper
+    range) is untimed (`benchmarks/NOTES_gpu.md`).
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
