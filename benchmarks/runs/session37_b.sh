@@ -1,9 +1,10 @@
 #!/bin/bash
 # Session 37's e4m3 KIVI-2 tile (`Options.fp8_mma`, preset "dequant_fp8"), natively: its tests (and
 # `mosaic_fp8_planes`'), then KIVI-2 G=128 alone at B=8 32k (8 splits, glue build) against the default, then
-# through ops beside torch SDPA (B=8 32k, B=1 32k, B=64 32k). Compiled for an H200 on the CPU it is 123
-# registers, 52 KB (4 programs per SM), 632 loop SASS a tile against the default's 675 (16 QGMMA against 32
-# HGMMA).
+# through ops beside torch SDPA (B=8 32k, B=1 32k, B=64 32k; OPS_POINTS to change). Compiled for an H200 on the
+# CPU (`decode_parts/session37/mosaic_sass_aot_fp8_v*.json`): v1 (calls 6) 123 registers, 632 loop SASS a tile;
+# v2 (call 7) 122, 676; v3 (committed, never run natively) 124, 665; the default 117, 675; all 52 / 48 KB (4
+# programs per SM), 16 QGMMA against 32 HGMMA.
 set -u
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"
 source "$(dirname "$0")/device_setup.sh"
