@@ -36,7 +36,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_fp8_planes as f8
 from pallas_kernels.gpu import mosaic_planes as planes
-from pallas_kernels.gpu.mosaic_common import store_kmajor, wgmma_sum
+from pallas_kernels.gpu.mosaic_common import _Transposed, store_kmajor, wgmma_sum
 
 ROWS, WORDS, K = 128, 16, 128  # a tile: 128 tokens x 16 words (8 two-bit planes) = 128 channels
 KINDS = ("fp16", "e4m3", "e4m3_kb")
@@ -83,7 +83,7 @@ def product_kernel(kind: str, n: int, grid: int, iters: int, lag: int | None = 1
       words = w_s[...] if interpret else plgpu.load(w_s, (), layout=plgpu.Layout.WGMMA)
       if fp8:
         by = f8.words_as_bytes(words, interpret=interpret)
-        slab = lambda p: (_T(b_s.at[:, pl.ds(32 * p, 32)]) if interpret
+        slab = lambda p: (_Transposed(b_s.at[:, pl.ds(32 * p, 32)]) if interpret
                           else b_s.at[:, pl.ds(32 * p, 32)].transpose((1, 0)))
         return [(lambda p=p: f8.fp8_plane(by, p, interpret=interpret), slab(p)) for p in range(f8.PLANES)]
       hi = planes.shr_pairs(words, planes.hi_shift(2), interpret)
@@ -122,16 +122,6 @@ def product_kernel(kind: str, n: int, grid: int, iters: int, lag: int | None = 1
                      plgpu.Barrier(num_arrivals=1)],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       kernel_name=f"kvjax_product_{kind}_n{n}", **kw)
-
-
-class _T:
-  """The interpreter's transposed view of a ref."""
-
-  def __init__(self, ref):
-    self.ref = ref
-
-  def __getitem__(self, idx):
-    return self.ref[...].T[idx]
 
 
 def codes_of(words):

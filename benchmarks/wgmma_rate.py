@@ -33,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.gpu.mosaic_common import wgmma_sum
+from pallas_kernels.gpu.mosaic_common import _Transposed, wgmma_sum
 
 ROWS = 128  # M: the kernel's 128-token (keys) or 128-channel (values) A operand
 DTYPES = {"fp16": (jnp.float16, 16), "e4m3": (jnp.float8_e4m3fn, 32)}  # (A / B dtype, k a WGMMA)
@@ -82,7 +82,7 @@ def rate_kernel(case: Case, grid: int, slabs: int, iters: int, interpret: bool =
   def slab(b_s, i):
     if kmajor:
       view = b_s.at[:, pl.ds(k * i, k)]
-      return view.transpose((1, 0)) if not interpret else _T(view)
+      return view.transpose((1, 0)) if not interpret else _Transposed(view)
     return b_s.at[pl.ds(k * i, k)]
 
   def body(a_g, b_g, o_g, a_s, b_s, bar):
@@ -110,16 +110,6 @@ def k_major(case: Case) -> bool:
   """Whether B is stored K-major ([n, K]): 8-bit WGMMA needs it; fp16 at N = 8 (16-byte rows, below the
   smallest swizzle) too."""
   return case.dtype == "e4m3" or case.n * 2 < 32
-
-
-class _T:
-  """The interpreter's transposed view of a ref (reads give x[...].T)."""
-
-  def __init__(self, ref):
-    self.ref = ref
-
-  def __getitem__(self, idx):
-    return self.ref[...].T[idx]
 
 
 def reference(a_bits, b, case: Case, slabs: int, iters: int):
