@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -37,6 +35,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.gpu import mosaic_fp8_planes as f8
 from pallas_kernels.gpu import mosaic_planes as planes
 from pallas_kernels.gpu.mosaic_common import _Transposed, store_kmajor, wgmma_sum
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from wgmma_rate import median_seconds  # noqa: E402
 
 ROWS, WORDS, K = 128, 16, 128  # a tile: 128 tokens x 16 words (8 two-bit planes) = 128 channels
 KINDS = ("fp16", "e4m3", "e4m3_kb")
@@ -185,13 +186,7 @@ def main(argv=None):
     for p in map(int, args.programs.split(",")):
       grid = dev.core_count * p
       f = jax.jit(product_kernel(kind, args.n, grid, args.iters))
-      jax.block_until_ready(f(words, s, z, b))
-      ts = []
-      for _ in range(args.reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(words, s, z, b))
-        ts.append(time.perf_counter() - t0)
-      ns = statistics.median(ts) / (args.iters * p) * 1e9
+      ns = median_seconds(f, (words, s, z, b), args.reps) / (args.iters * p) * 1e9
       rows.append({"kind": kind, "n": args.n, "programs_per_sm": p, "iters": args.iters,
                    "ns_per_product_per_sm": round(ns, 3), "check_rel_err": err, "device_kind": dev.device_kind})
       print(json.dumps(rows[-1]), flush=True)

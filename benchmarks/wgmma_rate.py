@@ -139,12 +139,18 @@ def time_case(case: Case, sms: int, slabs: int, iters: int, reps: int):
   out = jax.block_until_ready(f(a, b))
   ref = reference(a, b, case, slabs, iters)
   err = float(jnp.max(jnp.abs(out - ref[None])) / jnp.max(jnp.abs(ref)))
+  return median_seconds(f, (a, b), reps), err
+
+
+def median_seconds(f, args, reps: int) -> float:
+  """Median wall seconds of `reps` calls of f(*args), each waited for (after one warm-up call)."""
+  jax.block_until_ready(f(*args))
   ts = []
   for _ in range(reps):
     t0 = time.perf_counter()
-    jax.block_until_ready(f(a, b))
+    jax.block_until_ready(f(*args))
     ts.append(time.perf_counter() - t0)
-  return statistics.median(ts), err
+  return statistics.median(ts)
 
 
 def main(argv=None):
