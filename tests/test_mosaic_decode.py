@@ -196,20 +196,22 @@ def test_narrow_mma_matches_the_16_column_products(fmt, head_dim, t, softcap, sl
     dataclasses.replace(base, narrow_mma=True, narrow_softmax=False)
 
 
+@pytest.mark.parametrize("variant", ["dequant_fp8", "dequant_fp8x"])
 @pytest.mark.parametrize("lengths,t,softcap,sliding", [
     ((509, 300, 1, 128), 1, None, None),  # Llama-3-8B's rows (4 heads x 1 token); one and 128 tokens
     ((509, 300, 0, 260), 2, 2.0, 200),    # 8 rows, soft-cap, sliding window; an empty sequence
 ])
-def test_fp8_mma_matches_the_reference(lengths, t, softcap, sliding):
+def test_fp8_mma_matches_the_reference(lengths, t, softcap, sliding, variant):
   """`Options.fp8_mma` (both products as e4m3 WGMMAs on the code bytes, B built each tile as hi + lo words,
   the zeros' terms summed) == the library reference as closely as the fp16 build is (bf16-level B), over the
-  default call path (window and query preparation in the kernel). Natively on a GPU, else interpreted."""
+  default call path (window and query preparation in the kernel). Natively on a GPU, else interpreted.
+  "dequant_fp8x": with its cross-warp reductions split around the step's barriers (`Options.xwarp_split`)."""
   c = _cache(lengths, appends=1, layout="words", fmt="kivi2_g128")
   q = jnp.asarray(np.random.default_rng(5).normal(size=(len(lengths), 4, t, 128)), jnp.bfloat16)
   run = lambda v: np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, variant=v, window="kernel",
                                                  glue_in_kernel=True, logit_softcap=softcap, sliding_window=sliding),
                              np.float32)
-  fp8, base = run("dequant_fp8"), run(md.DEFAULT_VARIANT)
+  fp8, base = run(variant), run(md.DEFAULT_VARIANT)
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c, logit_softcap=softcap, window=sliding))
   assert test_base.relative_error(fp8, ref) < 4e-3
   assert test_base.relative_error(fp8, base) < 3e-3
@@ -222,12 +224,17 @@ def test_fp8_mma_applies_where_it_can_else_the_fp16_step():
     dataclasses.replace(mk.VARIANTS["dequant_fp8"], narrow_softmax=False)
   with pytest.raises(ValueError, match="fp8_mma needs dequant_in_a"):
     dataclasses.replace(mk.VARIANTS["dequant_fp8"], narrow_mma=True)
+  with pytest.raises(ValueError, match="xwarp_split needs fp8_mma and manual_barriers"):
+    dataclasses.replace(mk.VARIANTS["dequant_fp8x"], manual_barriers=False)
+  with pytest.raises(ValueError, match="xwarp_split needs fp8_mma"):
+    dataclasses.replace(mk.VARIANTS[md.DEFAULT_VARIANT], xwarp_split=True)
   q = jnp.asarray(np.random.default_rng(2).normal(size=(1, 4, 3, 128)), jnp.bfloat16)  # 12 rows
   for fmt, rows in (("kivi2_g128", 3), ("kivi2", 1)):
     c = _cache((200,), appends=0, layout="words", fmt=fmt)
     run = lambda v, c=c, rows=rows: np.asarray(md.decode_attention(q[:, :, :rows], c, num_splits=1, interpret=True,
                                                                    variant=v, window="kernel", glue_in_kernel=True))
     np.testing.assert_array_equal(run("dequant_fp8"), run("dequant_denorm_s32_mb"))
+    np.testing.assert_array_equal(run("dequant_fp8x"), run("dequant_denorm_s32_mb"))
 
 
 @pytest.mark.parametrize("fmt,lengths,appends,t,softcap,sliding,via_ops", [

@@ -48,8 +48,8 @@ _opts = lambda v: v if isinstance(v, mk.Options) else mk.VARIANTS[v]
 
 def test_interpreted_presets_cover_every_option():
   for field in dataclasses.fields(mk.Options):
-    if field.name in ("timing_only", "narrow_softmax", "narrow_mma", "smem_pad_kb", "fp8_mma"):  # own tests
-      # (narrow: needs live_rows <= 8; narrow_mma and fp8_mma: also test_mosaic_decode)
+    if field.name in ("timing_only", "narrow_softmax", "narrow_mma", "smem_pad_kb", "fp8_mma", "xwarp_split"):
+      # own tests (narrow: needs live_rows <= 8; narrow_mma, fp8_mma and xwarp_split: also test_mosaic_decode)
       continue
     # the default and min_share=4 run in test_balanced_splits_share_the_live_tiles
     seen = {getattr(_opts(v), field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT, "dequant_denorm_s32_mb4")}
@@ -400,9 +400,10 @@ def test_subnormal_planes_bound_the_scales(dtype):
       _check_states(out, mk.reference_states(q_t, ln, kc, ks2, kz, vc, vs2, vz, num_splits=2), DENORM_FIXED)
 
 
-@pytest.mark.parametrize("key_scale,value_scale,finite", [(None, None, True), (30.0, 100.0, True),
-                                                           (1e4, None, True), (None, 120.0, False)])
-def test_fp8_mma_ranges(key_scale, value_scale, finite):
+@pytest.mark.parametrize("key_scale,value_scale,finite,xwarp", [
+    (None, None, True, False), (30.0, 100.0, True, False), (1e4, None, True, False), (None, 120.0, False, False),
+    (30.0, 100.0, True, True)])
+def test_fp8_mma_ranges(key_scale, value_scale, finite, xwarp):
   """`Options.fp8_mma` (over fixed splits, as the reference): the keys' B is scaled per tile and column by its
   largest value, so any key scale is in e4m3's range, and B's values within ~500x of that largest keep about
   bf16's 8 bits (a channel's scale 100x the others' here; at 3e4x, 1e4, only the states' finiteness is
@@ -412,7 +413,8 @@ def test_fp8_mma_ranges(key_scale, value_scale, finite):
   ks2 = ks if key_scale is None else ks.at[0, 0, 0, 3].set(key_scale)
   vs2 = vs if value_scale is None else vs.at[0, 0, 5].set(value_scale)
   out = mk.kivi2_states(q_t, ln, mk.pack_keys(kc), ks2, kz, mk.pack_values(vc), vs2, vz, num_splits=2,
-                        interpret=True, variant=dataclasses.replace(DENORM_FIXED, fp8_mma=True), live_rows=4)
+                        interpret=True, live_rows=4, variant=dataclasses.replace(
+                            DENORM_FIXED, fp8_mma=True, manual_barriers=xwarp, xwarp_split=xwarp))
   assert np.isfinite(np.asarray(out[0][0, 0])).all() == finite
   if finite and (key_scale or 0) < 1e3:
     ref = mk.reference_states(q_t, ln, kc, ks2, kz, vc, vs2, vz, num_splits=2)

@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_kivi_checks as checks
-from pallas_kernels.gpu import mosaic_fp8_planes as fp8_planes, mosaic_kivi_fp8 as kivi_fp8
+from pallas_kernels.gpu import mosaic_kivi_fp8 as kivi_fp8
 from pallas_kernels.gpu import mosaic_kivi_window as window_lib, mosaic_planes as planes
 from pallas_kernels.gpu.mosaic_common import (balanced_range, kmajor_slab, soft_capped, softmax_columns, store_kmajor,
                                               wgmma_sum, widened)
@@ -179,11 +179,12 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
   denorm = opt.unpack == "denorm" and not f8mma  # fp8_mma: the logits and probabilities in natural units
 
-  def softmax(scs, first_tile, m_prev, length, lo0=None):
+  def softmax(scs, first_tile, m_prev, length, lo0=None, col_max=None):
     """Masked online softmax over consecutive tiles' [TILE, N] logits (one cross-warp max for all).
     unpack="denorm": the logits come in / 2^DENORM_LOG2 (scaled back here, exactly) and the
     probabilities go out x 2^DENORM_LOG2 (the values' A holds v / 2^DENORM_LOG2; l is divided at the end).
-    softcap: the logits capped first (in their own scale); lo0 (sliding): row n sees tokens > lo0 + n % T."""
+    softcap: the logits capped first (in their own scale); lo0 (sliding): row n sees tokens > lo0 + n % T.
+    col_max: [TILE, N] -> [N], the max over the tokens (default `jnp.max`; `mosaic_xwarp`'s in the e4m3 step)."""
     rows = lax.broadcasted_iota(jnp.int32, scs[0].shape, 0)
     if softcap is not None:
       scs = [soft_capped(sc, softcap, 2.0 ** DENORM_LOG2 if denorm else 1.0) for sc in scs]
@@ -192,7 +193,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
       lo = lo0 + lax.broadcasted_iota(jnp.int32, scs[0].shape, 1) % w_queries
       oks = [ok & ((first_tile + j) * TILE + rows > lo) for j, ok in enumerate(oks)]
     scs = [jnp.where(ok, sc, NEG) for ok, sc in zip(oks, scs)]
-    top = jnp.max(functools.reduce(jnp.maximum, scs), axis=0)
+    top = (col_max or functools.partial(jnp.max, axis=0))(functools.reduce(jnp.maximum, scs))
     k = 2.0 ** DENORM_LOG2 if denorm else 1.0
     m_new = jnp.maximum(m_prev, top * k if denorm else top)
     alpha = jnp.exp2(m_prev - m_new)
@@ -276,7 +277,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     return step
 
   fp8_step = kivi_fp8.make_step(mma=mma, softmax=softmax, l_update=l_update, width=width, interpret=interpret,
-                                manual_barriers=opt.manual_barriers) if f8mma else None
+                                manual_barriers=opt.manual_barriers, xwarp=opt.xwarp_split) if f8mma else None
 
   if window is not None:  # the residual window's program (`mosaic_kivi_window`)
     wparts = window_lib.WindowParts(h, vh, bits, per_word, grouped, w_queries, softcap, sliding, interpret,
@@ -289,7 +290,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     lw_g, kres_g, vres_g = win_refs if window is not None else (None,) * 3
     outs = refs[n_in:n_in + 3 + (merged is not None)]
     pt_smem, q16_smem, s16, bar, *rest = refs[n_in + len(outs):len(refs) - bool(opt.smem_pad_kb)]  # pad: unused
-    f8_bufs, rest = (tuple(rest[:2]), rest[2:]) if f8mma else (None, rest)  # fp8_mma: B_K's and B_V's views
+    nf8 = 2 + 2 * opt.xwarp_split if f8mma else 0  # fp8_mma: B_K's and B_V's views (and the reductions')
+    f8_bufs, rest = tuple(rest[:nf8]), rest[nf8:]
     qs_smem, q_smem, zsk_smem, zsv_smem, *sync = rest if resident else [None] * 4 + rest
     counters = None if merged is None else epilogue.merge_counters(merge_by, b, kh)  # once: both branches' count
 
@@ -457,7 +459,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
                      [plgpu.SMEM(sblock(opt.tiles_per_step, n_, key), jnp.float16) for n_, key in scale_ns]
                      if once else [],
                      plgpu.Barrier(num_arrivals=1),
-                     *((fp8_planes.b_buffers(ROWS, interpret=interpret),) * 2 if f8mma else ()),
+                     *(kivi_fp8.scratch(ROWS, width, xwarp=opt.xwarp_split, interpret=interpret) if f8mma else ()),
                      *((plgpu.SMEM((h, ROWS), jnp.float16, transforms=b_tiles), plgpu.SMEM((h, ROWS), jnp.float32),
                         plgpu.SMEM((h,), jnp.float16), plgpu.SMEM((TILE,), jnp.float16)) if resident else ()),
                      *(() if merged is None else epilogue.merge_scratch(merge_by)),

@@ -26,8 +26,9 @@ from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_fp8_planes as f8
+from pallas_kernels.gpu import mosaic_xwarp as xw
 
-__all__ = ["VALUE_SCALE_LOG2", "SCALE_LIMIT", "query_halves", "scales_max", "make_step", "finish"]
+__all__ = ["VALUE_SCALE_LOG2", "SCALE_LIMIT", "query_halves", "scales_max", "scratch", "make_step", "finish"]
 
 VALUE_SCALE_LOG2 = -7  # B_V = p s 2^9 / f 2^this
 SCALE_LIMIT = 448.0 / 4  # B_V <= 4 s: a value scale at or above this makes the states NaN, not wrong
@@ -85,12 +86,22 @@ def scales_max(ref, width: int, *, interpret: bool):
   return f(ref)
 
 
-def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_barriers: bool):
-  """step(length, first, bufs, query, lo0) -> the pipeline's step over one tile; bufs: (B_K's, B_V's views
-  from `f8.b_buffers`), query: `query_halves`' output. mma / softmax / l_update: `kivi2_states`' own."""
+def scratch(n: int, width: int, *, xwarp: bool, interpret: bool):
+  """The step's shared buffers: B_K's and B_V's (`f8.b_buffers(n)`), with `xwarp` the two reductions' [4, width]."""
+  return (f8.b_buffers(n, interpret=interpret),) * 2 + ((xw.scratch(width),) * 2 if xwarp else ())
+
+
+def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_barriers: bool, xwarp: bool = False):
+  """step(length, first, bufs, query, lo0) -> the pipeline's step over one tile; bufs: `scratch`'s buffers,
+  query: `query_halves`' output. mma / softmax / l_update: `kivi2_states`' own. xwarp (`Options.xwarp_split`):
+  q . z's cross-warp sum split around the key commit's barrier, the softmax's max with one barrier, not two
+  (`mosaic_xwarp`); the values' commit and the step's last barrier keep each scratch from being rewritten
+  before it is read."""
+  if xwarp and not manual_barriers:
+    raise ValueError("xwarp needs manual_barriers (the step's own barriers order its scratch)")
 
   def build(length, first, bufs, query, lo0):
-    bk, bv = bufs
+    bk, bv, *xs = bufs
     q_lo, q_hi, q_top = query
     load = (lambda ref: ref[...]) if interpret else (
         lambda ref: plgpu.load(ref, (), layout=plgpu.Layout.WGMMA))
@@ -114,12 +125,21 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
         et = _exponent(q_top * scales_max(ks_s, q_top.shape[0], interpret=interpret) * 2.0 ** 9) - 7
         f8.store_b(bk, f8.e4m3_words(y_lo * _pow2(-et)[None, :], y_hi * _pow2(-et)[None, :]), interpret=interpret)
         z_lo, z_hi = (f8.rows_half(kz_s, i, interpret=interpret) for i in range(2))
-        dz = jnp.sum(q_lo * z_lo[:, None] + q_hi * z_hi[:, None], axis=0)  # q . z
+        qz = q_lo * z_lo[:, None] + q_hi * z_hi[:, None]  # q . z's terms, summed over the rows (channels)
+        if xwarp:  # each warp's part now, the 4 parts after the commit's barrier
+          xw.warp_partials(qz, xs[0], "add", interpret=interpret)
+        else:
+          dz = jnp.sum(qz, axis=0)
         plgpu.commit_smem()
       with jax.named_scope("kmma"):
+        if xwarp:
+          dz = xw.combine(xs[0], qz.shape[1], "add", barrier=False, interpret=interpret)
         sc = product(kc_s, bk) * _pow2(et)[None, :] + dz[None, :]
       with jax.named_scope("softmax"):
-        (p,), m_new, alpha = softmax([sc], first + idx[0], m_prev, length, lo0)
+        col_max = None if not xwarp else lambda x: (
+            xw.warp_partials(x, xs[1], "max", interpret=interpret),
+            xw.combine(xs[1], x.shape[1], "max", barrier=True, interpret=interpret))[1]
+        (p,), m_new, alpha = softmax([sc], first + idx[0], m_prev, length, lo0, col_max=col_max)
       with jax.named_scope("vprep"):
         vfac = fac * 2.0 ** VALUE_SCALE_LOG2
         v_lo, v_hi = (_checked(f8.rows_half(vs_s, i, interpret=interpret)) * vfac for i in range(2))

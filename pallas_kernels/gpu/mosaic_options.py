@@ -88,6 +88,10 @@ class Options:
     NaN states above). Off by default: session 37 (H100, B=8 32k through ops, default 103 us) timed a first
     build at 93.1 us (its B range too coarse: 7e-3 in o) and an exact-range one at 100.3; this build (a cheaper
     range) is untimed (`benchmarks/NOTES_gpu.md`).
+  xwarp_split: with fp8_mma and manual_barriers, its two cross-warp reductions a tile (the keys' zero term
+    q . z, the softmax's max) through `mosaic_xwarp`: q . z's warp parts stored before the key commit and
+    summed after its barrier (no barrier of its own), the max with one barrier, not Mosaic's two (7 BAR.SYNC
+    a tile -> 4). Session 37 timed one such round trip (v2's column max) at ~7 us of B=8 32k's ~100.
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
@@ -117,6 +121,7 @@ class Options:
   narrow_softmax: bool = True
   narrow_mma: bool = False
   fp8_mma: bool = False
+  xwarp_split: bool = False
   timing_only: str = ""
   smem_pad_kb: int = 0
 
@@ -129,6 +134,8 @@ class Options:
                          or self.tiles_per_step != 1 or self.timing_only in ("scale", "unpack")):
       raise ValueError("fp8_mma needs dequant_in_a and narrow_softmax, one tile a step, neither narrow_mma nor a "
                        "timing_only that drops the dequantization")
+    if self.xwarp_split and not (self.fp8_mma and self.manual_barriers):
+      raise ValueError("xwarp_split needs fp8_mma and manual_barriers (the step's own barriers order its scratch)")
     if self.narrow_mma and not self.narrow_softmax:
       raise ValueError("narrow_mma needs narrow_softmax (the N = 8 products hold the narrow softmax's 8 rows)")
     if not 0 <= self.smem_pad_kb <= 160:
@@ -213,6 +220,10 @@ VARIANTS = {
     # session 37: both products as e4m3 WGMMAs on the code bytes (KIVI-2 G=128, head_dim 128, <= 8 query rows)
     "dequant_fp8": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
                            stop_at_length=True, balance=True, shift32=True, manual_barriers=True, fp8_mma=True),
+    # session 38: and its two cross-warp reductions around the step's own barriers (`mosaic_xwarp`)
+    "dequant_fp8x": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                            stop_at_length=True, balance=True, shift32=True, manual_barriers=True, fp8_mma=True,
+                            xwarp_split=True),
     "dequant_mask_s16_bal_om_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                            stop_at_length=True, balance=True, opaque_magic=True, shift32=True),
 }
