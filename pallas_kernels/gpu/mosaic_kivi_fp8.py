@@ -96,7 +96,7 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
   query: `query_halves`' output. mma / softmax / l_update: `kivi2_states`' own. xwarp (`Options.xwarp_split`):
   q . z's cross-warp sum split around the key commit's barrier, the softmax's max with one barrier, not two
   (`mosaic_xwarp`); the values' commit and the step's last barrier keep each scratch from being rewritten
-  before it is read."""
+  before it is read; that last barrier without a proxy fence."""
   if xwarp and not manual_barriers:
     raise ValueError("xwarp needs manual_barriers (the step's own barriers order its scratch)")
 
@@ -149,8 +149,9 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
         plgpu.commit_smem()
       with jax.named_scope("vmma"):
         o = (o[0] * alpha[None, :] + product(vc_s, bv) * 2.0 ** -VALUE_SCALE_LOG2,)
-      if manual_barriers:  # every thread is done with this slot before the pipeline refetches into it
-        plgpu.commit_smem()
+      if manual_barriers:  # every thread is done with this slot before the pipeline refetches into it (xwarp:
+        # a barrier alone: no smem write since the values' commit to make visible to the async proxy)
+        xw.barrier(interpret=interpret) if xwarp else plgpu.commit_smem()
       return o, m_new, l_new, cv
     return step
   return build

@@ -91,7 +91,8 @@ class Options:
   xwarp_split: with fp8_mma and manual_barriers, its two cross-warp reductions a tile (the keys' zero term
     q . z, the softmax's max) through `mosaic_xwarp`: q . z's warp parts stored before the key commit and
     summed after its barrier (no barrier of its own), the max with one barrier, not Mosaic's two (7 BAR.SYNC
-    a tile -> 4). Session 37 timed one such round trip (v2's column max) at ~7 us of B=8 32k's ~100.
+    a tile -> 4), and the step's last barrier without a proxy fence (`mosaic_xwarp.barrier`). Session 37
+    timed one such round trip (v2's column max) at ~7 us of B=8 32k's ~100.
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the

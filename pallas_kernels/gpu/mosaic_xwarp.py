@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["WARPS", "OPS", "warp_partials", "combine", "scratch"]
+__all__ = ["WARPS", "OPS", "warp_partials", "combine", "scratch", "barrier"]
 
 WARPS = 4  # a warpgroup's warps
 OPS = ("add", "max")
@@ -39,6 +39,21 @@ def scratch(width: int):
   """The shared-memory scratch of one reduction: [WARPS, width] f32."""
   _check("add", width)
   return plgpu.SMEM((WARPS, width), jnp.float32)
+
+
+def barrier(*, interpret: bool) -> None:
+  """A warpgroup barrier alone, without `plgpu.commit_smem`'s proxy fence (MEMBAR + FENCE in SASS): what
+  orders a warpgroup's shared-memory reads before a TMA refetch into the same buffer (Mosaic's own automatic
+  barrier before `copy_gmem_to_smem` is this one). Nothing in the interpreter."""
+  if interpret:
+    return
+  from jax.experimental.mosaic.gpu import utils  # noqa: PLC0415
+
+  @plgpu.inline_mgpu()
+  def f(ctx):
+    del ctx
+    utils.warpgroup_barrier()
+  f()
 
 
 def _jnp_op(op: str):
