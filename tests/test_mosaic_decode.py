@@ -184,7 +184,7 @@ def test_narrow_mma_matches_the_16_column_products(fmt, head_dim, t, softcap, sl
   library reference, over the default call path (window and query preparation in the kernel)."""
   c = _cache((509, 300, 1, 128), appends=1, layout="words", fmt=fmt, head_dim=head_dim)
   q = jnp.asarray(np.random.default_rng(3).normal(size=(4, 4, t, head_dim)), jnp.bfloat16)
-  base = mk.VARIANTS[md.DEFAULT_VARIANT if fmt == "kivi2_g128" and head_dim == 128 else md.GROUPED_VARIANT]
+  base = mk.VARIANTS[md.FP16_VARIANT if fmt == "kivi2_g128" and head_dim == 128 else md.GROUPED_VARIANT]
   run = lambda opt: np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, variant=opt,
                                                    window="kernel", glue_in_kernel=True, logit_softcap=softcap,
                                                    sliding_window=sliding), np.float32)
@@ -211,7 +211,7 @@ def test_fp8_mma_matches_the_reference(lengths, t, softcap, sliding, variant):
   run = lambda v: np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, variant=v, window="kernel",
                                                  glue_in_kernel=True, logit_softcap=softcap, sliding_window=sliding),
                              np.float32)
-  fp8, base = run(variant), run(md.DEFAULT_VARIANT)
+  fp8, base = run(variant), run(md.FP16_VARIANT)
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c, logit_softcap=softcap, window=sliding))
   assert test_base.relative_error(fp8, ref) < 4e-3
   assert test_base.relative_error(fp8, base) < 3e-3
@@ -227,7 +227,7 @@ def test_fp8_mma_applies_where_it_can_else_the_fp16_step():
   with pytest.raises(ValueError, match="xwarp_split needs fp8_mma and manual_barriers"):
     dataclasses.replace(mk.VARIANTS["dequant_fp8x"], manual_barriers=False)
   with pytest.raises(ValueError, match="xwarp_split needs fp8_mma"):
-    dataclasses.replace(mk.VARIANTS[md.DEFAULT_VARIANT], xwarp_split=True)
+    dataclasses.replace(mk.VARIANTS[md.FP16_VARIANT], xwarp_split=True)
   q = jnp.asarray(np.random.default_rng(2).normal(size=(1, 4, 3, 128)), jnp.bfloat16)  # 12 rows
   for fmt, rows in (("kivi2_g128", 3), ("kivi2", 1)):
     c = _cache((200,), appends=0, layout="words", fmt=fmt)
@@ -376,7 +376,7 @@ def test_refuses_what_it_does_not_take():
   assert md.supports(kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, 128)) is None  # G=32, repacked
   with pytest.raises(ValueError, match="cache: format .* is not KIVI"):
     md.decode_attention(jnp.zeros((1, 4, 1, 128)), kvcache.init_cache(formats.preset("int8"), 1, 1, 256, 128))
-  diag = dataclasses.replace(mk.VARIANTS[md.DEFAULT_VARIANT], timing_only="scale")  # wrong states, timing only
+  diag = dataclasses.replace(mk.VARIANTS[md.FP16_VARIANT], timing_only="scale")  # wrong states, timing only
   with pytest.raises(ValueError, match="variant: Options.timing_only='scale' makes wrong attention"):
     md.decode_attention(jnp.zeros((1, 4, 1, 128)), c, variant=diag, interpret=True)
 

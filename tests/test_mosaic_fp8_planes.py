@@ -111,3 +111,31 @@ def test_wgmma_rate_cases_are_validated():
     wgmma_rate.Case("fp16", 12, 4, 1)
   with pytest.raises(ValueError, match="programs"):
     wgmma_rate.Case("fp16", 16, 0, 1)
+
+
+def test_e4m3_words_in_a_kernel_equal_the_jnp_words():
+  """`e4m3_words(..., interpret=False)` (one PTX block a register pair, natively) gives the jnp form's words
+  bit for bit, for values across e4m3's range (interpreted here: the jnp form in Mosaic GPU's interpreter)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  k1, k2 = jax.random.split(jax.random.PRNGKey(7))
+  y_lo = jax.random.normal(k1, (64, 8)) * jnp.exp2(jax.random.randint(k2, (64, 8), -8, 8).astype(jnp.float32))
+  y_hi = jax.random.normal(k2, (64, 8)) * 30.0
+  y_hi = y_hi.at[0, 0].set(1.5).at[1, 1].set(-0.0).at[2, 2].set(2.0 ** -9).at[3, 3].set(300.0)
+
+  def body(lo_g, hi_g, o_g, lo_s, hi_s, o_s, bar):
+    for src, dst in ((lo_g, lo_s), (hi_g, hi_s)):
+      plgpu.copy_gmem_to_smem(src, dst, bar)
+      plgpu.barrier_wait(bar)
+    load = (lambda r: r[...]) if not NATIVE else (lambda r: plgpu.load(r, (), layout=plgpu.Layout.WGMMA))
+    o_s[...] = f8.e4m3_words(load(lo_s), load(hi_s), interpret=not NATIVE)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_s, o_g)
+    plgpu.wait_smem_to_gmem(0)
+
+  kw = {} if NATIVE else {"interpret": plgpu.InterpretGPUParams()}
+  got = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 16), jnp.uint16),
+                     scratch_types=[plgpu.SMEM((64, 8), jnp.float32), plgpu.SMEM((64, 8), jnp.float32),
+                                    plgpu.SMEM((64, 16), jnp.uint16), plgpu.Barrier(num_arrivals=1)],
+                     compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+                     **kw)(y_lo, y_hi)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(f8.e4m3_words(y_lo, y_hi)))

@@ -27,8 +27,8 @@ from kvjax.formats import KIVISpec
 from pallas_kernels.gpu import decode, merge, mosaic_epilogue as epilogue, mosaic_kivi as mk, window_merge
 
 __all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT",
-           "GROUPED_VARIANT", "GROUPS", "BITS", "WINDOWS", "DEFAULT_WINDOW", "auto_window", "resolved_window",
-           "default_variant", "GLUE_IN_KERNEL",
+           "FP16_VARIANT", "GROUPED_VARIANT", "GROUPS", "BITS", "WINDOWS", "DEFAULT_WINDOW", "auto_window",
+           "resolved_window", "default_variant", "GLUE_IN_KERNEL",
            "PALLAS_MERGE", "pallas_merge_default"]
 
 # Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
@@ -51,7 +51,13 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # (Preset dequant_denorm_s32_mb4 adds `Options.min_share=4`, each split at least 4 of the live tiles as
 # `default_splits` does with the capacity, for a short sequence in a long cache: interpreted and lowered,
 # not yet run on the device; benchmarks/runs/session17_e.sh is its first call.)
-DEFAULT_VARIANT = "dequant_denorm_s32_mb"
+# Session 38: both products as e4m3 WGMMAs on the code bytes (`Options.fp8_mma`, session 37) with its two
+# cross-warp reductions split around the step's own barriers (`Options.xwarp_split`); where it does not apply
+# (more than 8 query rows, G=32, head_dim 256) the fp16 step of FP16_VARIANT runs. H100, B=8 32k alone 103.7 ->
+# 95.0 us (session 37's range alone 97.2); through ops 101.0 -> 93.3 against torch SDPA's 351.3 (3.77x), B=64
+# 686.3 -> 596.3 against 2749.9 (4.61x) (`decode_parts/session38/call1/`).
+DEFAULT_VARIANT = "dequant_fp8x"
+FP16_VARIANT = "dequant_denorm_s32_mb"  # the default through session 37: the fp16 step the default falls back to
 # G=32 (session 22, `mosaic_groups`: each M-block's group scales loaded per thread, regrouped once a tile):
 # compiled for an H200 on the CPU at B=8 32k (`decode_parts/mosaic_sass_aot_g32_s22.json`), the tile loop is 839
 # SASS instructions against G=128's 768; lag 0 keeps it at 124 registers (4 programs per SM), lag 1 at 130 (3).

@@ -132,11 +132,16 @@ def word_factors():
   return jnp.where((w >> 4) & 1 == 1, 2.0 ** -A_SCALE_LOG2 / 4, 2.0 ** -A_SCALE_LOG2).astype(jnp.float32)
 
 
-def e4m3_words(y_lo, y_hi):
+def e4m3_words(y_lo, y_hi, *, interpret: bool = True):
   """y_lo, y_hi [64, n] f32 (k columns w and 64 + w) -> [64, 2 n] uint16: columns 0..n-1 the words of the
   values rounded to e4m3 (hi: byte 0 y_lo's, byte 1 y_hi's), n..2n-1 of what that rounding left (lo), so
   hi + lo is each value to about bf16's 8 significant bits. Stored K-major as [2 n, 64] words, it is the
-  e4m3 B operand [2 n, 128] in `b_order_channels`' order."""
+  e4m3 B operand [2 n, 128] in `b_order_channels`' order. interpret=False (in a Mosaic GPU kernel, WGMMA
+  layouts): `_words_ptx`, the same words from one PTX block a register pair (a word is one conversion of
+  the pair (y_lo, y_hi): no byte permutes); out of range, both saturate to +-448 natively."""
+  if not interpret:
+    return _words_ptx(y_lo, y_hi)
+
   def split(y):
     hi = y.astype(jnp.float8_e4m3fn)
     return hi, (y - hi.astype(jnp.float32)).astype(jnp.float8_e4m3fn)
@@ -146,6 +151,63 @@ def e4m3_words(y_lo, y_hi):
     return u(a) | (u(b) << 8)
   (h0, l0), (h1, l1) = split(y_lo), split(y_hi)
   return jnp.concatenate([word(h0, h1), word(l0, l1)], axis=1)
+
+
+# Per register pair (columns c, c + 1 of y_lo: $2 $4, of y_hi: $3 $5): hi word c = e4m3 (y_hi, y_lo) (the first
+# operand goes to the upper byte), unpacked to f16x2 and f32, subtracted, and the rest packed the same way.
+_WORDS_PTX = """{
+  .reg .b16 h0, h1, l0, l1, x0, x1, x2, x3;
+  .reg .b32 f0, f1;
+  .reg .f32 g0, g1, g2, g3;
+  cvt.rn.satfinite.e4m3x2.f32 h0, $3, $2;
+  cvt.rn.satfinite.e4m3x2.f32 h1, $5, $4;
+  cvt.rn.f16x2.e4m3x2 f0, h0;
+  cvt.rn.f16x2.e4m3x2 f1, h1;
+  mov.b32 {x0, x1}, f0;
+  mov.b32 {x2, x3}, f1;
+  cvt.f32.f16 g0, x0;
+  cvt.f32.f16 g1, x1;
+  cvt.f32.f16 g2, x2;
+  cvt.f32.f16 g3, x3;
+  sub.f32 g0, $2, g0;
+  sub.f32 g1, $3, g1;
+  sub.f32 g2, $4, g2;
+  sub.f32 g3, $5, g3;
+  cvt.rn.satfinite.e4m3x2.f32 l0, g1, g0;
+  cvt.rn.satfinite.e4m3x2.f32 l1, g3, g2;
+  mov.b32 $0, {h0, h1};
+  mov.b32 $1, {l0, l1};
+}"""
+
+
+def _words_ptx(y_lo, y_hi):
+  """`e4m3_words` on a Mosaic GPU kernel's registers (WGMMA layouts in and out)."""
+  from jax._src.lib.mlir import ir  # noqa: PLC0415
+  from jax._src.lib.mlir.dialects import llvm, vector  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import FragmentedArray, utils  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import fragmented_array as fa  # noqa: PLC0415
+
+  m, n = y_lo.shape
+  if y_hi.shape != (m, n) or m != 64 or n % 8:
+    raise ValueError(f"y_lo, y_hi must be [64, n] with n a multiple of 8, got {y_lo.shape} and {y_hi.shape}")
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.Layout.WGMMA),
+                     return_type=plgpu.ShapeDtypeStruct((m, 2 * n), jnp.uint16, layout=plgpu.Layout.WGMMA))
+  def f(ctx, a, b):
+    del ctx
+    i32, i16 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(16)
+    pair = ir.VectorType.get((2,), i16)
+    struct = llvm.StructType.get_literal([i32, i32])
+    regs = np.empty(fa.WGMMA_LAYOUT.registers_shape((m, 2 * n)), dtype=object)
+    for idx, ra in np.ndenumerate(a.registers):  # idx[1]: the 8-column tile, idx[4]: the 8-row half
+      rb = b.registers[idx]
+      ops = [vector.extract(r, [], [j]) for j in range(2) for r in (ra, rb)]  # a0 b0 a1 b1
+      out = llvm.inline_asm(struct, ops, _WORDS_PTX, "=r,=r,f,f,f,f")
+      hi, lo = (utils.bitcast(llvm.extractvalue(i32, out, [i]), pair) for i in range(2))
+      regs[idx] = hi
+      regs[idx[:1] + (idx[1] + n // 8,) + idx[2:]] = lo
+    return FragmentedArray(_registers=regs, _layout=fa.WGMMA_LAYOUT, _is_signed=False)
+  return f(y_lo, y_hi)
 
 
 def b_buffers(n: int, *, interpret: bool):

@@ -123,7 +123,8 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
                       for i, q in enumerate((q_lo, q_hi)))
         # each column's bound on |B_K| (its largest |q| x the tile's largest scale x 2^9) into [128, 256)
         et = _exponent(q_top * scales_max(ks_s, q_top.shape[0], interpret=interpret) * 2.0 ** 9) - 7
-        f8.store_b(bk, f8.e4m3_words(y_lo * _pow2(-et)[None, :], y_hi * _pow2(-et)[None, :]), interpret=interpret)
+        f8.store_b(bk, f8.e4m3_words(y_lo * _pow2(-et)[None, :], y_hi * _pow2(-et)[None, :],
+                                     interpret=interpret), interpret=interpret)
         z_lo, z_hi = (f8.rows_half(kz_s, i, interpret=interpret) for i in range(2))
         qz = q_lo * z_lo[:, None] + q_hi * z_hi[:, None]  # q . z's terms, summed over the rows (channels)
         if xwarp:  # each warp's part now, the 4 parts after the commit's barrier
@@ -143,12 +144,13 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
       with jax.named_scope("vprep"):
         vfac = fac * 2.0 ** VALUE_SCALE_LOG2
         v_lo, v_hi = (_checked(f8.rows_half(vs_s, i, interpret=interpret)) * vfac for i in range(2))
-        f8.store_b(bv, f8.e4m3_words(p[:64] * v_lo[:, None], p[64:] * v_hi[:, None]), interpret=interpret)
+        f8.store_b(bv, f8.e4m3_words(p[:64] * v_lo[:, None], p[64:] * v_hi[:, None], interpret=interpret),
+                   interpret=interpret)
         cv = cv * alpha[None, :] + p * row(vz_s).astype(jnp.float32)[:, None]  # sum_t p z_t, lazily
         l_new = l_update(l_prev, alpha, p)
         plgpu.commit_smem()
       with jax.named_scope("vmma"):
-        o = (o[0] * alpha[None, :] + product(vc_s, bv) * 2.0 ** -VALUE_SCALE_LOG2,)
+        o = (o[0] * alpha[None, :] + product(vc_s, bv),)  # o x 2^VALUE_SCALE_LOG2 through the loop (`finish`)
       if manual_barriers:  # every thread is done with this slot before the pipeline refetches into it (xwarp:
         # a barrier alone: no smem write since the values' commit to make visible to the async proxy)
         xw.barrier(interpret=interpret) if xwarp else plgpu.commit_smem()
@@ -158,6 +160,7 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
 
 
 def finish(o, cv):
-  """The program's o [128 ch, width] plus the values' zero term (the lazy sums over the tokens)."""
-  return o + jnp.sum(cv, axis=0)[None, :]
+  """The program's o [128 ch, width] (kept x 2^VALUE_SCALE_LOG2 through the loop: one FMUL an element a tile
+  less) plus the values' zero term (the lazy sums over the tokens)."""
+  return o * 2.0 ** -VALUE_SCALE_LOG2 + jnp.sum(cv, axis=0)[None, :]
 

@@ -82,17 +82,17 @@ class Options:
   fp8_mma: where the narrow softmax applies to KIVI-2 G=128 at head_dim 128 (else the fp16 step), both
     products as e4m3 WGMMAs of k = 32 on the code bytes themselves (`mosaic_fp8_planes`: 8 a product, not 16,
     and no dequantized A), their B built each tile as hi + lo e4m3 words (the query times the keys' scales;
-    the probabilities times the values' scales), the zeros' terms as a per-tile sum (keys) and lazy per-thread sums (values); the
-    softmax in natural units (no 2^DENORM_LOG2). B holds about bf16's 8 bits (the fp16 build: fp16's 11),
+    the probabilities times the values' scales), the zeros' terms as a per-tile sum (keys) and lazy
+    per-thread sums (values); the softmax in natural units (no 2^DENORM_LOG2). B holds about bf16's 8 bits (the fp16 build: fp16's 11),
     each B_K column scaled per tile to e4m3's top range; value scales below `mosaic_kivi_fp8.SCALE_LIMIT` (112;
-    NaN states above). Off by default: session 37 (H100, B=8 32k through ops, default 103 us) timed a first
-    build at 93.1 us (its B range too coarse: 7e-3 in o) and an exact-range one at 100.3; this build (a cheaper
-    range) is untimed (`benchmarks/NOTES_gpu.md`).
+    NaN states above). Session 37 (H100, B=8 32k through ops, the fp16 build 103 us) timed a first
+    build at 93.1 us (its B range too coarse: 7e-3 in o) and an exact-range one at 100.3; this build's range
+    (max |q| x the tile's max scale) 96.0 (session 38). With xwarp_split it is the default (`dequant_fp8x`).
   xwarp_split: with fp8_mma and manual_barriers, its two cross-warp reductions a tile (the keys' zero term
     q . z, the softmax's max) through `mosaic_xwarp`: q . z's warp parts stored before the key commit and
     summed after its barrier (no barrier of its own), the max with one barrier, not Mosaic's two (7 BAR.SYNC
-    a tile -> 4), and the step's last barrier without a proxy fence (`mosaic_xwarp.barrier`). Session 37
-    timed one such round trip (v2's column max) at ~7 us of B=8 32k's ~100.
+    a tile -> 4), and the step's last barrier without a proxy fence (`mosaic_xwarp.barrier`). H100, B=8 32k
+    through ops: 96.0 -> 93.3 us (the fp16 build 101.0); B=64 620.4 -> 596.3 (686.3) (session 38).
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
