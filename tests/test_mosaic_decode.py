@@ -196,7 +196,7 @@ def test_narrow_mma_matches_the_16_column_products(fmt, head_dim, t, softcap, sl
     dataclasses.replace(base, narrow_mma=True, narrow_softmax=False)
 
 
-@pytest.mark.parametrize("variant", ["dequant_fp8", "dequant_fp8x"])
+@pytest.mark.parametrize("variant", ["dequant_fp8", "dequant_fp8x", "dequant_fp8xp"])
 @pytest.mark.parametrize("lengths,t,softcap,sliding", [
     ((509, 300, 1, 128), 1, None, None),  # Llama-3-8B's rows (4 heads x 1 token); one and 128 tokens
     ((509, 300, 0, 260), 2, 2.0, 200),    # 8 rows, soft-cap, sliding window; an empty sequence
@@ -228,6 +228,8 @@ def test_fp8_mma_applies_where_it_can_else_the_fp16_step():
     dataclasses.replace(mk.VARIANTS["dequant_fp8x"], manual_barriers=False)
   with pytest.raises(ValueError, match="xwarp_split needs fp8_mma"):
     dataclasses.replace(mk.VARIANTS[md.FP16_VARIANT], xwarp_split=True)
+  with pytest.raises(ValueError, match="ptx_words needs fp8_mma"):
+    dataclasses.replace(mk.VARIANTS[md.FP16_VARIANT], ptx_words=True)
   q = jnp.asarray(np.random.default_rng(2).normal(size=(1, 4, 3, 128)), jnp.bfloat16)  # 12 rows
   for fmt, rows in (("kivi2_g128", 3), ("kivi2", 1)):
     c = _cache((200,), appends=0, layout="words", fmt=fmt)

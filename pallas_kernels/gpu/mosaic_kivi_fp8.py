@@ -91,12 +91,15 @@ def scratch(n: int, width: int, *, xwarp: bool, interpret: bool):
   return (f8.b_buffers(n, interpret=interpret),) * 2 + ((xw.scratch(width),) * 2 if xwarp else ())
 
 
-def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_barriers: bool, xwarp: bool = False):
+def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_barriers: bool, xwarp: bool = False,
+              ptx_words: bool = False):
   """step(length, first, bufs, query, lo0) -> the pipeline's step over one tile; bufs: `scratch`'s buffers,
   query: `query_halves`' output. mma / softmax / l_update: `kivi2_states`' own. xwarp (`Options.xwarp_split`):
   q . z's cross-warp sum split around the key commit's barrier, the softmax's max with one barrier, not two
   (`mosaic_xwarp`); the values' commit and the step's last barrier keep each scratch from being rewritten
-  before it is read; that last barrier without a proxy fence."""
+  before it is read; that last barrier without a proxy fence. ptx_words (`Options.ptx_words`): B's words from
+  one PTX block a register pair (`f8.e4m3_words(..., interpret=False)`), else from jnp's conversions."""
+  jnp_words = interpret or not ptx_words
   if xwarp and not manual_barriers:
     raise ValueError("xwarp needs manual_barriers (the step's own barriers order its scratch)")
 
@@ -124,7 +127,7 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
         # each column's bound on |B_K| (its largest |q| x the tile's largest scale x 2^9) into [128, 256)
         et = _exponent(q_top * scales_max(ks_s, q_top.shape[0], interpret=interpret) * 2.0 ** 9) - 7
         f8.store_b(bk, f8.e4m3_words(y_lo * _pow2(-et)[None, :], y_hi * _pow2(-et)[None, :],
-                                     interpret=interpret), interpret=interpret)
+                                     interpret=jnp_words), interpret=interpret)
         z_lo, z_hi = (f8.rows_half(kz_s, i, interpret=interpret) for i in range(2))
         qz = q_lo * z_lo[:, None] + q_hi * z_hi[:, None]  # q . z's terms, summed over the rows (channels)
         if xwarp:  # each warp's part now, the 4 parts after the commit's barrier
@@ -144,7 +147,7 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
       with jax.named_scope("vprep"):
         vfac = fac * 2.0 ** VALUE_SCALE_LOG2
         v_lo, v_hi = (_checked(f8.rows_half(vs_s, i, interpret=interpret)) * vfac for i in range(2))
-        f8.store_b(bv, f8.e4m3_words(p[:64] * v_lo[:, None], p[64:] * v_hi[:, None], interpret=interpret),
+        f8.store_b(bv, f8.e4m3_words(p[:64] * v_lo[:, None], p[64:] * v_hi[:, None], interpret=jnp_words),
                    interpret=interpret)
         cv = cv * alpha[None, :] + p * row(vz_s).astype(jnp.float32)[:, None]  # sum_t p z_t, lazily
         l_new = l_update(l_prev, alpha, p)

@@ -93,6 +93,10 @@ class Options:
     summed after its barrier (no barrier of its own), the max with one barrier, not Mosaic's two (7 BAR.SYNC
     a tile -> 4), and the step's last barrier without a proxy fence (`mosaic_xwarp.barrier`). H100, B=8 32k
     through ops: 96.0 -> 93.3 us (the fp16 build 101.0); B=64 620.4 -> 596.3 (686.3) (session 38).
+  ptx_words: with fp8_mma, B's e4m3 hi + lo words from one PTX block a register pair
+    (`mosaic_fp8_planes.e4m3_words(..., interpret=False)`: each word one conversion of the pair (y_lo, y_hi),
+    no byte permutes), not from jnp's conversions; compiled for an H200: 652 -> 600 loop SASS a tile, 126
+    registers (session 38; not yet run natively).
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
@@ -123,6 +127,7 @@ class Options:
   narrow_mma: bool = False
   fp8_mma: bool = False
   xwarp_split: bool = False
+  ptx_words: bool = False
   timing_only: str = ""
   smem_pad_kb: int = 0
 
@@ -135,6 +140,8 @@ class Options:
                          or self.tiles_per_step != 1 or self.timing_only in ("scale", "unpack")):
       raise ValueError("fp8_mma needs dequant_in_a and narrow_softmax, one tile a step, neither narrow_mma nor a "
                        "timing_only that drops the dequantization")
+    if self.ptx_words and not self.fp8_mma:
+      raise ValueError("ptx_words needs fp8_mma (they are the e4m3 step's B words)")
     if self.xwarp_split and not (self.fp8_mma and self.manual_barriers):
       raise ValueError("xwarp_split needs fp8_mma and manual_barriers (the step's own barriers order its scratch)")
     if self.narrow_mma and not self.narrow_softmax:
@@ -225,6 +232,10 @@ VARIANTS = {
     "dequant_fp8x": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
                             stop_at_length=True, balance=True, shift32=True, manual_barriers=True, fp8_mma=True,
                             xwarp_split=True),
+    # session 38: and B's e4m3 words from one PTX block a register pair (not yet run natively)
+    "dequant_fp8xp": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                             stop_at_length=True, balance=True, shift32=True, manual_barriers=True, fp8_mma=True,
+                             xwarp_split=True, ptx_words=True),
     "dequant_mask_s16_bal_om_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                            stop_at_length=True, balance=True, opaque_magic=True, shift32=True),
 }
