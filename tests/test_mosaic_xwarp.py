@@ -17,7 +17,8 @@ NATIVE = jax.default_backend() == "gpu"
 
 @functools.partial(jax.jit, static_argnames=("op",))
 def _reduced(x, op: str):
-  """[M, W] f32 -> [M, W]: each row the column reduction (warp_partials, combine with its own barrier)."""
+  """[M, W] f32 -> [M, W]: each row the column reduction (`reduce_rows`: warp_partials, combine after a
+  barrier)."""
   m, w = x.shape
   interpret = not NATIVE
 
@@ -25,8 +26,7 @@ def _reduced(x, op: str):
     plgpu.copy_gmem_to_smem(x_g, x_s, bar)
     plgpu.barrier_wait(bar)
     v = x_s[...] if interpret else plgpu.load(x_s, (), layout=plgpu.Layout.WGMMA)
-    xw.warp_partials(v, part, op, interpret=interpret)
-    r = xw.combine(part, w, op, barrier=True, interpret=interpret)
+    r = xw.reduce_rows(v, part, op, interpret=interpret)
     o_s[...] = jnp.broadcast_to(r[None, :], (m, w))
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_s, o_g)

@@ -20,6 +20,8 @@ relative precision there, but their terms are small against o's.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -87,7 +89,8 @@ def scales_max(ref, width: int, *, interpret: bool):
 
 
 def scratch(n: int, width: int, *, xwarp: bool, interpret: bool):
-  """The step's shared buffers: B_K's and B_V's (`f8.b_buffers(n)`), with `xwarp` the two reductions' [4, width]."""
+  """The step's shared buffers: B_K's and B_V's (`f8.b_buffers(n)`), with `xwarp` the two reductions'
+  [4, width] scratch."""
   return (f8.b_buffers(n, interpret=interpret),) * 2 + ((xw.scratch(width),) * 2 if xwarp else ())
 
 
@@ -140,9 +143,7 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
           dz = xw.combine(xs[0], qz.shape[1], "add", barrier=False, interpret=interpret)
         sc = product(kc_s, bk) * _pow2(et)[None, :] + dz[None, :]
       with jax.named_scope("softmax"):
-        col_max = None if not xwarp else lambda x: (
-            xw.warp_partials(x, xs[1], "max", interpret=interpret),
-            xw.combine(xs[1], x.shape[1], "max", barrier=True, interpret=interpret))[1]
+        col_max = functools.partial(xw.reduce_rows, ref=xs[1], op="max", interpret=interpret) if xwarp else None
         (p,), m_new, alpha = softmax([sc], first + idx[0], m_prev, length, lo0, col_max=col_max)
       with jax.named_scope("vprep"):
         vfac = fac * 2.0 ** VALUE_SCALE_LOG2

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["WARPS", "OPS", "warp_partials", "combine", "scratch", "barrier"]
+__all__ = ["WARPS", "OPS", "warp_partials", "combine", "reduce_rows", "scratch", "barrier"]
 
 WARPS = 4  # a warpgroup's warps
 OPS = ("add", "max")
@@ -133,3 +133,10 @@ def combine(ref, width: int, op: str, *, barrier: bool, interpret: bool):
       regs.reshape(width // 8, -1)[c, 0] = fn(fn(parts[0], parts[1]), fn(parts[2], parts[3]))
     return FragmentedArray(_registers=regs, _layout=fa.WGMMA_COL_LAYOUT, _is_signed=None)
   return f(ref)
+
+
+def reduce_rows(x, ref, op: str, *, interpret: bool):
+  """x [M, N] f32 (WGMMA layout) -> op over its rows, [N] in WGMMA's column layout, with one barrier (ref
+  [WARPS, N]: its scratch, not rewritten before the caller's next barrier)."""
+  warp_partials(x, ref, op, interpret=interpret)
+  return combine(ref, x.shape[1], op, barrier=True, interpret=interpret)
