@@ -55,8 +55,10 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # cross-warp reductions split around the step's own barriers (`Options.xwarp_split`); where it does not apply
 # (more than 8 query rows, G=32, head_dim 256) the fp16 step of FP16_VARIANT runs. H100, B=8 32k alone 103.7 ->
 # 95.0 us (session 37's range alone 97.2); through ops 101.0 -> 93.3 against torch SDPA's 351.3 (3.77x), B=64
-# 686.3 -> 596.3 against 2749.9 (4.61x) (`decode_parts/session38/call1/`).
-DEFAULT_VARIANT = "dequant_fp8x"
+# 686.3 -> 596.3 against 2749.9 (4.61x) (`decode_parts/session38/call1/`). Then B's e4m3 words from one PTX block
+# a register pair (`Options.ptx_words`, 652 -> 600 loop SASS): alone 95.8 -> 91.0 us; through ops B=8 89.6 against
+# torch's 341.2 (3.81x), B=64 571.4 against 2661.7 (4.66x) (`session38/call4-6/`).
+DEFAULT_VARIANT = "dequant_fp8xp"
 FP16_VARIANT = "dequant_denorm_s32_mb"  # the default through session 37: the fp16 step the default falls back to
 # G=32 (session 22, `mosaic_groups`: each M-block's group scales loaded per thread, regrouped once a tile):
 # compiled for an H200 on the CPU at B=8 32k (`decode_parts/mosaic_sass_aot_g32_s22.json`), the tile loop is 839
