@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 38: issue 3's table with the new KIVI-2 G=128 default (`dequant_fp8x`) at the other contexts, every
+# Session 38: issue 3's table with the new KIVI-2 G=128 default (`dequant_fp8xp`) at the other contexts, every
 # format beside every peer in the same call: 1k and 4k at B=1, 8, 64, then 128k at B=1, 8 in what the call allows
 # (the 32k rows: call 3, `decode_parts/session38/call3/`). CALL_LIMIT_S: the call's budget in seconds.
 set -u
