@@ -8,19 +8,14 @@
 set -u
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"
 source "$(dirname "$0")/device_setup.sh"
+source "$(dirname "$0")/alone.sh"
 LIMIT=${CALL_LIMIT_S:-560}
 timeout 180 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_xwarp.py tests/test_mosaic_decode.py \
   tests/test_mosaic_fp8_planes.py -k "xwarp or half or fp8_mma or planes or products" > $OUT/pytest_fp8.txt 2>&1
 echo "pytest rc=$?"; tail -n 3 $OUT/pytest_fp8.txt | cut -c1-300
 B="default:dequant_denorm_s32_mb:glue;fp8:dequant_fp8:glue;fp8x:dequant_fp8x:glue"
 B="$B;default_again:dequant_denorm_s32_mb:glue;fp8_again:dequant_fp8:glue;fp8x_again:dequant_fp8x:glue"
-timeout $(( LIMIT - SECONDS - 240 )) python3 benchmarks/mosaic_sass.py --builds "$B" --point 8:32768 --splits 8 \
-  --reps 5 --out $OUT/kivi_g128_fp8.json > $OUT/fp8_log.txt 2>&1
-echo "alone rc=$?"; grep -v Warning $OUT/fp8_log.txt | grep -E '"build"|Error|error' | python3 -c "
-import json, sys
-for l in sys.stdin:
-  try: r = json.loads(l); print(r['build'], r.get('us'), r.get('registers'), r.get('smem_bytes'))
-  except Exception: print(l[:200])"
+alone "$B" kivi_g128_fp8 $(( LIMIT - SECONDS - 240 ))
 LEFT=$(( LIMIT - SECONDS - 8 ))
 if (( LEFT > 60 )); then
   timeout $LEFT python3 benchmarks/runs/session37_ops.py $OUT ${OPS_POINTS:-8:32768,64:32768} \

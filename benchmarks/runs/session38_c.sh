@@ -8,6 +8,7 @@
 set -u
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"
 source "$(dirname "$0")/device_setup.sh"
+source "$(dirname "$0")/alone.sh"
 LIMIT=${CALL_LIMIT_S:-560}
 timeout 180 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_xwarp.py tests/test_mosaic_decode.py \
   tests/test_mosaic_fp8_planes.py -k "xwarp or half or fp8_mma or planes or products or e4m3_words" \
@@ -15,13 +16,7 @@ timeout 180 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_xwarp.
 echo "pytest rc=$?"; tail -n 3 $OUT/pytest_fp8.txt | cut -c1-300
 B="fp16:dequant_denorm_s32_mb:glue;fp8x:dequant_fp8x:glue;fp8xp:dequant_fp8xp:glue"
 B="$B;fp8x_again:dequant_fp8x:glue;fp8xp_again:dequant_fp8xp:glue"
-timeout $(( LIMIT - SECONDS - 300 )) python3 benchmarks/mosaic_sass.py --builds "$B" --point 8:32768 --splits 8 \
-  --reps 5 --out $OUT/kivi_g128_fp8.json > $OUT/fp8_log.txt 2>&1
-echo "alone rc=$?"; grep -v Warning $OUT/fp8_log.txt | grep -E '"build"|Error|error' | python3 -c "
-import json, sys
-for l in sys.stdin:
-  try: r = json.loads(l); print(r['build'], r.get('us'), r.get('registers'), r.get('smem_bytes'))
-  except Exception: print(l[:200])"
+alone "$B" kivi_g128_fp8 $(( LIMIT - SECONDS - 300 ))
 timeout $(( LIMIT - SECONDS - 150 )) python3 benchmarks/runs/session37_ops.py $OUT 8:32768,64:32768 \
   dequant_fp8x,dequant_fp8xp > $OUT/ops_log.txt 2>&1
 echo "ops rc=$?"
