@@ -6,8 +6,11 @@ Per 128-token tile, with the code words as e4m3 A operands (4 planes of k = 32, 
   logits [128 tok, 8] = ((A_K . B_K)[:, hi] + (A_K . B_K)[:, lo]) 2^et + q . z_K   (et per tile and column)
   B_K = e4m3 words of q s_K 2^-et   (et puts a bound on each column's |B_K| in [128, 256): the column's
                                      largest |q| x the tile's largest scale, that one read by every warp)
-  o [128 ch, 8]      = o alpha + ((A_V . B_V)[:, hi] + (A_V . B_V)[:, lo]) 2^-VALUE_SCALE_LOG2
+  o' [128 ch, 8]     = o' alpha + (A_V . B_V)[:, hi] + (A_V . B_V)[:, lo]   (o = o' 2^-VALUE_SCALE_LOG2 at the end)
   B_V = e4m3 words of p s_V 2^VALUE_SCALE_LOG2, and sum_t p z_V kept as lazy per-thread sums
+
+Session 38 (`Options.xwarp_split`, `Options.ptx_words`): q . z's and the softmax max's cross-warp reductions
+split around the step's own barriers (`mosaic_xwarp`), B's words from one PTX block a register pair.
 
 Each product accumulates fresh (the fp8 accumulator keeps fewer bits than f32) and is added in f32.
 Ranges: e4m3 holds 2^-9 to 448, and the lo terms stay in its normal range (2^-6 up) only if B's largest values
