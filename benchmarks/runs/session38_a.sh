@@ -8,11 +8,10 @@
 set -u
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"
 source "$(dirname "$0")/device_setup.sh"
-source "$(dirname "$0")/alone.sh"
+source "$(dirname "$0")/helpers.sh"
 LIMIT=${CALL_LIMIT_S:-560}
-timeout 180 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_xwarp.py tests/test_mosaic_decode.py \
-  tests/test_mosaic_fp8_planes.py -k "xwarp or half or fp8_mma or planes or products" > $OUT/pytest_fp8.txt 2>&1
-echo "pytest rc=$?"; tail -n 3 $OUT/pytest_fp8.txt | cut -c1-300
+native_tests 180 pytest_fp8 "xwarp or half or fp8_mma or planes or products" tests/test_mosaic_xwarp.py \
+  tests/test_mosaic_decode.py tests/test_mosaic_fp8_planes.py
 B="default:dequant_denorm_s32_mb:glue;fp8:dequant_fp8:glue;fp8x:dequant_fp8x:glue"
 B="$B;default_again:dequant_denorm_s32_mb:glue;fp8_again:dequant_fp8:glue;fp8x_again:dequant_fp8x:glue"
 alone "$B" kivi_g128_fp8 $(( LIMIT - SECONDS - 240 ))

@@ -8,12 +8,10 @@
 set -u
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"
 source "$(dirname "$0")/device_setup.sh"
-source "$(dirname "$0")/alone.sh"
+source "$(dirname "$0")/helpers.sh"
 LIMIT=${CALL_LIMIT_S:-560}
-timeout 180 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_xwarp.py tests/test_mosaic_decode.py \
-  tests/test_mosaic_fp8_planes.py -k "xwarp or half or fp8_mma or planes or products or e4m3_words" \
-  > $OUT/pytest_fp8.txt 2>&1
-echo "pytest rc=$?"; tail -n 3 $OUT/pytest_fp8.txt | cut -c1-300
+native_tests 180 pytest_fp8 "xwarp or half or fp8_mma or planes or products or e4m3_words" \
+  tests/test_mosaic_xwarp.py tests/test_mosaic_decode.py tests/test_mosaic_fp8_planes.py
 B="fp16:dequant_denorm_s32_mb:glue;fp8x:dequant_fp8x:glue;fp8xp:dequant_fp8xp:glue"
 B="$B;fp8x_again:dequant_fp8x:glue;fp8xp_again:dequant_fp8xp:glue"
 alone "$B" kivi_g128_fp8 $(( LIMIT - SECONDS - 300 ))

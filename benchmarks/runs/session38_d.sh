@@ -5,10 +5,9 @@
 set -u
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"
 source "$(dirname "$0")/device_setup.sh"
-source "$(dirname "$0")/alone.sh"
+source "$(dirname "$0")/helpers.sh"
 LIMIT=${CALL_LIMIT_S:-240}
-timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_mosaic_fp8_planes.py tests/test_mosaic_decode.py \
-  -k "e4m3_words or (fp8_mma_matches and fp8xp)" > $OUT/pytest_fp8xp.txt 2>&1
-echo "pytest rc=$?"; tail -n 3 $OUT/pytest_fp8xp.txt | cut -c1-300
+native_tests 90 pytest_fp8xp "e4m3_words or (fp8_mma_matches and fp8xp)" tests/test_mosaic_fp8_planes.py \
+  tests/test_mosaic_decode.py
 B="fp8x:dequant_fp8x:glue;fp8xp:dequant_fp8xp:glue;fp8x_again:dequant_fp8x:glue;fp8xp_again:dequant_fp8xp:glue"
 alone "$B" kivi_g128_fp8xp $(( LIMIT - SECONDS - 5 ))

@@ -1,4 +1,12 @@
-# Sourced by the run scripts here (after device_setup.sh): `alone BUILDS NAME SECONDS` times KIVI-2 G=128 alone
+# Sourced by the run scripts here (after device_setup.sh). `native_tests SECONDS NAME EXPR FILE...` runs the
+# tests of FILE... that -k EXPR selects, natively, into $OUT/NAME.txt, and prints the return code and its tail.
+native_tests() {
+  local secs=$1 name=$2 expr=$3; shift 3
+  timeout "$secs" python3 -m pytest -q -x -p no:cacheprovider "$@" -k "$expr" > "$OUT/$name.txt" 2>&1
+  echo "pytest rc=$?"; tail -n 3 "$OUT/$name.txt" | cut -c1-300
+}
+
+# `alone BUILDS NAME SECONDS` times KIVI-2 G=128 alone
 # at B=8 32k (8 splits) for each `mosaic_sass.py` build of BUILDS ("name:variant:window;..."), within SECONDS,
 # into $OUT/NAME.json (log $OUT/NAME_log.txt), and prints each build's time, registers and shared memory.
 alone() {
