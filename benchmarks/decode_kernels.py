@@ -174,7 +174,10 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
   us = time_loop(attend, (q, caches), steps, reps) / ns
   rows.append(("kvjax", us, nb))
   if do_step:  # the step and the append alone, with each cache writer (suffix "_pallas": one kernel)
-    writers = [("", cache_lib.append), ("_pallas", write.append)]
+    # "_pallas": the writer placing the rows from the lengths (its default at decode); "_pallas_xla_pos": the
+    # positions computed by XLA first (one fusion before the kernel, the default until session 39)
+    writers = [("", cache_lib.append), ("_pallas", write.append),
+               ("_pallas_xla_pos", functools.partial(write.append, positions_in_kernel=False))]
     fmt = formats.preset(fmt_name)
     if fmt.is_kivi and (fmt.key.group_size, SHAPE.head_dim) not in write.IN_KERNEL_FLUSH_SLOW:
       # the KIVI key block quantized inside the write kernel (not where that kernel is too slow to compile)
@@ -192,6 +195,15 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
   return rows
 
 
+def wrapped(cs, ctx, length):
+  """The cache sets with their lengths wrapped back to `length` before the capacity (so every timed step writes
+  a new position), all sets in one small op a loop step (a real decode loop has none; until session 39 each
+  set's wrap fused with its append's position arithmetic)."""
+  lens = jnp.stack([c.lengths for c in cs])
+  lens = jnp.where(lens >= ctx - 1, length, lens)
+  return [c.replace(lengths=lens[i]) for i, c in enumerate(cs)]
+
+
 def decode_step(attend_fn, b, ctx, length, append_fn=None):
   """A real decode step over each cache set: attend, append a token derived from the output (the
   cache changes every step, nothing is hoisted), and chain the next query on the output."""
@@ -200,10 +212,9 @@ def decode_step(attend_fn, b, ctx, length, append_fn=None):
   def full(x):
     q, cs = x
     new = []
-    for c in cs:
+    for c in wrapped(cs, ctx, length):
       o = attend_fn(q, c)
       t = new_token(o, b)
-      c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
       new.append(append_fn(c, t, t))
       q = chain(q, o)
     return q, tuple(new)
@@ -212,13 +223,12 @@ def decode_step(attend_fn, b, ctx, length, append_fn=None):
 
 def append_only(append_fn, b, ctx, length):
   """The append alone over each cache set: a token derived from the query, lengths wrapped back to
-  `length` before the capacity (every step writes a new position)."""
+  `length` before the capacity (`wrapped`: every step writes a new position)."""
   def app(x):
     q, cs = x
     new = []
-    for c in cs:
+    for c in wrapped(cs, ctx, length):
       t = new_token(q, b)
-      c = c.replace(lengths=jnp.where(c.lengths >= ctx - 1, length, c.lengths))
       new.append(append_fn(c, t, t))
     return q, tuple(new)
   return app

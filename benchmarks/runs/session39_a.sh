@@ -1,20 +1,30 @@
 #!/bin/bash
-# Session 39, call 1: where KIVI-2 G=128's step at B=8 goes beyond attention (the append's share: the one-kernel
-# append alone 4.77 us, the step 6.1 us over attention in session 38), per device kernel from a profiler trace,
-# at 32k (append, step), and the attention alone at B=1 1k / 4k and B=8 1k (KIVI-2 G=128, G=32); then issue 3's
-# table at 1k and 4k (B=1, 8, 64) with the default `dequant_fp8xp`, every format beside every peer, and 128k (B=8, 1) in what the call allows. CALL_LIMIT_S: the call's budget in seconds.
+# Session 39, call 1. (1) Natively, the writer placing a decode append's rows from the lengths (`write.append`'s
+# new default: one launch, no XLA fusion before it): `tests/test_gpu_placed_append.py` and the KIVI key flush
+# (G=128, G=32 words). (2) The step at B=8 32k (KIVI-2 G=128, FP8) with each writer beside torch SDPA: the
+# append's share (session 38: the append alone 4.77 us, the step 6.1 us over attention). (3) The kernels of
+# G=128's append and step, and of the attention alone at B=1 1k / 4k and B=8 1k (KIVI-2 G=128, G=32), from
+# profiler traces. (4) Issue 3's table at 1k and 4k (B=1, 8, 64) with the default `dequant_fp8xp`, every format
+# beside every peer, and 128k (B=8, 1) in what the call allows. CALL_LIMIT_S: the call's budget in seconds.
 set -u
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"
 source "$(dirname "$0")/device_setup.sh"
+source "$(dirname "$0")/helpers.sh"
 LIMIT=${CALL_LIMIT_S:-560}
 tag=$(echo "$card" | grep -q H200 && echo h200 || echo h100)
-timeout 90 python3 benchmarks/profile_step.py --what append,step --formats kivi2_g128,fp8_e4m3 \
+native_tests 90 pytest_placed "placed or (key_flush_equals_xla and kivi2_g128+words)" \
+  tests/test_gpu_placed_append.py tests/test_gpu_flush.py
+timeout 150 python3 benchmarks/decode_kernels.py --batches 8 --contexts 32768 --formats kivi2_g128,fp8_e4m3 \
+  --peers torch_sdpa --step-batches 8 --stream-gb 2 --out $OUT/decode_${tag}_step_s39.json > $OUT/dk_step_log.txt 2>&1
+echo "dk step rc=$?"; grep -v Warning $OUT/dk_step_log.txt | grep -E " us |Error" | cut -c1-120 | tail -n 20
+timeout 60 python3 benchmarks/profile_step.py --what append,step --formats kivi2_g128 \
   --points 8:32768 --top 8 --out $OUT/profile_step_s39.json > $OUT/profile_log.txt 2>&1
-echo "profile rc=$?"; grep -v Warning $OUT/profile_log.txt | tail -n 30 | cut -c1-160
+echo "profile rc=$?"; grep -v Warning $OUT/profile_log.txt | tail -n 20 | cut -c1-160
 timeout 80 python3 benchmarks/profile_step.py --what attend --formats kivi2_g128,kivi2 \
   --points 1:1024,1:4096,8:1024 --top 6 --out $OUT/profile_attend_s39.json > $OUT/profile_attend_log.txt 2>&1
 echo "profile attend rc=$?"; grep -v Warning $OUT/profile_attend_log.txt | tail -n 40 | cut -c1-160
 for ctx in 1024 4096; do
+  (( LIMIT - SECONDS > 80 )) || break
   timeout $(( LIMIT - SECONDS - 20 )) python3 benchmarks/decode_kernels.py --batches 1,8,64 --contexts $ctx \
     --step-batches 0 --stream-gb 2 --out $OUT/decode_${tag}_${ctx}_s39.json > $OUT/dk_${ctx}_log.txt 2>&1
   echo "dk $ctx rc=$?"
@@ -26,4 +36,4 @@ if (( LEFT > 60 )); then
   echo "dk 131072 rc=$?"
 fi
 rm -f $OUT/*.png
-cat $OUT/dk_*_log.txt | grep -v Warning | grep -E " us " | awk '{print $3, $4, $5, $6, $7}' | cut -c1-80 | tail -n 90
+cat $OUT/dk_[0-9]*_log.txt | grep -v Warning | grep -E " us " | awk '{print $3, $4, $5, $6, $7}' | cut -c1-80 | tail -n 90

@@ -115,13 +115,13 @@ def div_round(t: jax.Array, s: jax.Array) -> jax.Array:
   return c
 
 
-def flush_keys(b, h, ends_ref, count_ref, new_ref, codes_ref, scale_ref, zero_ref, res_ref, *,
+def flush_keys(b, h, length, count, new_ref, codes_ref, scale_ref, zero_ref, res_ref, *,
                fmt: KVFormat, barrier: bool, words: bool = False):
   """One (sequence b, KV head h) program's part of a `KeyFlush` (``T < R``).
 
-  Refs: ends, count ``[B]`` int32 (the lengths after the append, and the tokens it adds: the lengths before
-  are ends - count; the ends are the cache's new lengths, so XLA need not keep a copy of the old ones);
-  new ``[B, K, T, H]`` keys;
+  length, count: int32 scalars, sequence b's length before the append and the tokens it adds (the writer
+  reads them from its inputs or derives them from the lengths, `write.write_rows`' lengths_before).
+  Refs: new ``[B, K, T, H]`` keys;
   the aliased leaves codes ``[B, K, S / n, H]`` uint8 (n codes per byte; `words`: the "words"
   layout's ``[B, K, S, 8 bits]`` uint16, `kvjax.packing.pack_words` per token row), scale and zero
   ``[B, K, S / G, H]``, res ``[B, K, R, H]`` (read before it is rewritten).
@@ -133,8 +133,6 @@ def flush_keys(b, h, ends_ref, count_ref, new_ref, codes_ref, scale_ref, zero_re
   n_new, hd = new_ref.shape[2], new_ref.shape[3]
   sd = jnp.dtype(spec.scale_dtype)
   f32 = jnp.float32
-  count = count_ref[b]
-  length = ends_ref[b] - count
   blk = lax.div(length, r_len)  # block index of the residual's first slot (lengths >= 0)
   r = length - blk * r_len  # tokens in the residual
   lq = blk * r_len

@@ -152,19 +152,53 @@ def _kivi_groups(x, group: int, qmax: int, sd):
   return c.astype(jnp.int32), s_row, z_row
 
 
-def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
+def _placed_positions(length, placed):
+  """`kvjax.cache.append`'s positions for a sequence of `length` tokens adding all T (num_new None), from
+  placed = (capacity, residual, T, kinds): (count, pos_of(kind, j)) with kind "token" (row length + j, or
+  the capacity: dropped) or "slot" (the value ring's slot (length + j) % R if the token is among the last R,
+  else R: dropped)."""
+  cap, r_len, t_new, _ = placed
+  count = jnp.clip(jnp.minimum(t_new, cap - length), 0, t_new)
+
+  def pos_of(kind, j):
+    p = jnp.where(j < count, length + j, cap)
+    if kind == "token":
+      return p
+    return jnp.where((j < count) & (p >= length + count - r_len), p % r_len, r_len)
+  return count, pos_of
+
+
+def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier, placed):
   nq = len(quants)
   q_first = [n_writes + sum(len(o) for *_, o in quants[:i]) for i in range(nq + 1)]  # each quant's outputs
-  n_in = 2 * n_writes + 2 * nq + (3 if fmt is not None else 0)  # pos, new, qpos, qraw [, flush in]
-  pos_refs = refs[:n_writes]
-  new_refs = refs[n_writes:2 * n_writes]
-  qpos_refs = refs[2 * n_writes:2 * n_writes + nq]
-  qraw_refs = refs[2 * n_writes + nq:2 * n_writes + 2 * nq]
-  out_refs = refs[n_in + len(refs[n_in:]) // 2:]  # aliased to the leaves, which are read only here
+  n_out = q_first[nq] + (len(_FLUSH_LEAVES) if fmt is not None else 0)
   b, h = pl.program_id(0), pl.program_id(1)
+  if placed:  # lengths, new, qraw [, flush's new]; then the leaves, their aliased outputs and the new lengths
+    n_in = 1 + n_writes + nq + (1 if fmt is not None else 0)
+    new_refs, qraw_refs = refs[1:1 + n_writes], refs[1 + n_writes:1 + n_writes + nq]
+    length = refs[0][b]
+    count, pos_of = _placed_positions(length, placed)
+    kinds = placed[3]
+    pos = [lambda j, i=i: pos_of(kinds[i], j) for i in range(n_writes)]
+    qpos = [lambda j: pos_of("token", j)] * nq
+    flush_args = (length, count, refs[n_in - 1]) if fmt is not None else ()
+    len_out = refs[n_in + 2 * n_out]
+
+    @pl.when(h == 0)
+    def _lengths():
+      len_out[pl.ds(b, 1)] = jnp.full((1,), length + count, jnp.int32)
+  else:  # pos, new, qpos, qraw [, flush's ends, count, new]; then the leaves and their aliased outputs
+    n_in = 2 * n_writes + 2 * nq + (3 if fmt is not None else 0)
+    new_refs = refs[n_writes:2 * n_writes]
+    qraw_refs = refs[2 * n_writes + nq:2 * n_writes + 2 * nq]
+    pos = [lambda j, r=r: r[b, j] for r in refs[:n_writes]]
+    qpos = [lambda j, r=r: r[b, j] for r in refs[2 * n_writes:2 * n_writes + nq]]
+    if fmt is not None:
+      ends, count_ref, new_k = refs[2 * n_writes + 2 * nq:n_in]
+      flush_args = (ends[b] - count_ref[b], count_ref[b], new_k)
+  out_refs = refs[n_in + n_out:n_in + 2 * n_out]  # aliased to the leaves, which are read only here
   if fmt is not None:
-    flush_lib.flush_keys(b, h, *refs[2 * n_writes + 2 * nq:n_in], *out_refs[q_first[nq]:],
-                         fmt=fmt, barrier=barrier, words=words)
+    flush_lib.flush_keys(b, h, *flush_args, *out_refs[q_first[nq]:], fmt=fmt, barrier=barrier, words=words)
 
   def store(out, r, tile, val):  # val: [1, X] row (token-major) or [X, 1] column (tiled)
     n_rows = out.shape[2] * max(tile, 1)
@@ -200,9 +234,9 @@ def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
       new = new_refs[i]  # [B, K, X, n] for a tiled leaf or planes, else [B, K, n, X]
       val = new[b, h, :, pl.ds(j, 1)] if tiles[i] or planes[i] else new[b, h, pl.ds(j, 1), :]
       if planes[i]:
-        store_planes(out_refs[i], pos_refs[i][b, j], val, rows[i] > 16, planes[i])
+        store_planes(out_refs[i], pos[i](j), val, rows[i] > 16, planes[i])
       else:
-        store(out_refs[i], pos_refs[i][b, j], tiles[i], val)
+        store(out_refs[i], pos[i](j), tiles[i], val)
   for i, (spec, tile, in_planes, outs) in enumerate(quants):
     codes_out, *scale_outs = out_refs[q_first[i]:q_first[i + 1]]  # codes, scale[, zero]
     column = tile or in_planes
@@ -211,7 +245,7 @@ def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
     for j in range(n_tok):
       x = (raw[b, h, :, pl.ds(j, 1)] if column else raw[b, h, pl.ds(j, 1), :]).astype(jnp.float32)
       codes, *per_token = _quantize_row(x, spec)
-      r = qpos_refs[i][b, j]
+      r = qpos[i](j)
       if in_planes:
         store_planes(codes_out, r, codes, n_tok > 16, spec.bits)
       else:
@@ -222,7 +256,7 @@ def _kernel(*refs, rows, tiles, planes, n_writes, quants, fmt, words, barrier):
 
 def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows], *, interpret=None,
                num_warps=None, flush_in_kernel: bool | None = None,
-               quantize_in_kernel: bool = True) -> KVCache:
+               quantize_in_kernel: bool = True, lengths_before: jax.Array | None = None) -> KVCache:
   """`kvjax.cache.scatter_writes` as one Pallas kernel (a `write_rows` for `cache.append`).
 
   With `flush_in_kernel` (default: `flush_in_kernel_default`, the GPU-checked formats) a
@@ -235,6 +269,13 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   the kernel too (`_quantize_row`, bit-identical to `quant.quantize`), so a decode append is one
   kernel and no XLA fusions; `quantize_in_kernel=False` quantizes them with XLA first (the
   session-8 path: four small fusions before the kernel on the H200).
+
+  `lengths_before` ``[B]`` (`append`'s default at decode): the cache's lengths before an append whose every
+  sequence adds all its T tokens (`kvjax.cache.append` with num_new None, no sink tokens, one layer). The
+  kernel then derives every row's position, the flush's count and the new lengths from them
+  (`_placed_positions`), so the append is this one kernel with no XLA op before it (the writes' own `pos`,
+  the same positions, go unused and XLA drops their computation). Where a key block is quantized by XLA
+  (its rows' positions are blocks, not tokens) the writes' positions are used as given.
 
   Raises NotImplementedError where Triton cannot tile a row (its element count
   is not a power of two), so `dispatch.append` falls back to XLA scatters.
@@ -266,8 +307,19 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   if fl is not None and (not in_kernel or
                          flush_lib.supported(cache.fmt, fl.new.shape[2], cache.head_dim) is not None):
     cache, writes = cache_lib.lower_flushes(cache, writes)  # quantized by XLA, stored as rows
-    fl = None
+    fl, lengths_before = None, None  # the flushed rows' positions are key blocks: taken as given
   writes = [w for w in writes if not isinstance(w, KeyFlush)]
+  placed = None
+  if lengths_before is not None:
+    if jnp.shape(lengths_before) != (cache.batch,):
+      raise ValueError(f"lengths_before must have shape [B={cache.batch}], got {jnp.shape(lengths_before)}")
+    if any(w.leaf in ("k_sink", "v_sink") for w in writes):
+      raise NotImplementedError("write_rows: lengths_before with sink tokens (their slots are not placed)")
+    t_new = {w.new.shape[2] for w in [*writes, *quants] + ([fl] if fl is not None else [])}
+    if len(t_new) != 1:
+      raise ValueError(f"lengths_before: the writes add different token counts {sorted(t_new)}")
+    kinds = tuple("slot" if w.leaf == "v_res" else "token" for w in writes)
+    placed = (cache.capacity, cache.fmt.residual, t_new.pop(), kinds)
   if not writes and not quants and fl is None:
     return cache
   names = [w.leaf for w in writes]
@@ -314,10 +366,16 @@ def write_rows(cache: KVCache, writes: Sequence[RowWrite | KeyFlush | QuantRows]
   if num_warps is None:
     num_warps = 1 if fl is None else 4
   statics = dict(rows=rows, tiles=tiles, planes=planes, n_writes=n, quants=q_specs,
-                 fmt=cache.fmt if fl is not None else None, words=words, barrier=not interpret)
-  out = _launch(tuple(statics.items()), (b, k), len(dsts), num_warps, interpret, *pos, *news, *q_pos, *q_raw,
-                *flush_in, *dsts)
-  return cache_lib.set_leaves(cache, {nm: o.reshape(a.shape) for nm, o, a in zip(names, out, leaves)})
+                 fmt=cache.fmt if fl is not None else None, words=words, barrier=not interpret, placed=placed)
+  if placed:  # the lengths alone: the kernel places the rows and counts the tokens
+    ins = [jnp.asarray(lengths_before, jnp.int32), *news, *q_raw, *flush_in[2:]]
+  else:
+    ins = [*pos, *news, *q_pos, *q_raw, *flush_in]
+  out = _launch(tuple(statics.items()), (b, k), len(dsts), num_warps, interpret, *ins, *dsts)
+  new = {nm: o.reshape(a.shape) for nm, o, a in zip(names, out, leaves)}
+  if placed:
+    new["lengths"] = out[-1]
+  return cache_lib.set_leaves(cache, new)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
@@ -328,19 +386,32 @@ def _launch(statics, grid, n_out, num_warps, interpret, *arrays):
   tracing it, 27 s of a 32-layer Llama generate program's trace (`decode_parts/session29/compile_llama_4k.txt`)."""
   n_in = len(arrays) - n_out
   dsts = arrays[n_in:]
+  lengths = [jax.ShapeDtypeStruct((grid[0],), jnp.int32)] if dict(statics)["placed"] else []  # the new lengths
   return pl.pallas_call(
       functools.partial(_kernel, **dict(statics)), grid=grid,
-      out_shape=[jax.ShapeDtypeStruct(d.shape, d.dtype) for d in dsts],
+      out_shape=[jax.ShapeDtypeStruct(d.shape, d.dtype) for d in dsts] + lengths,
       input_output_aliases={n_in + i: i for i in range(n_out)},
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="kvjax_append_rows",
   )(*arrays)
 
 
-def append(cache: KVCache, k, v, num_new=None, *, interpret=None, flush_in_kernel=None) -> KVCache:
-  """`kvjax.cache.append` with its rows stored by one Pallas kernel (same result, bit for bit)."""
+def append(cache: KVCache, k, v, num_new=None, *, interpret=None, flush_in_kernel=None,
+           positions_in_kernel: bool | None = None) -> KVCache:
+  """`kvjax.cache.append` with its rows stored by one Pallas kernel (same result, bit for bit).
+
+  positions_in_kernel (default: where it applies, i.e. num_new None, no sink tokens, one layer's cache): the
+  kernel derives the rows' positions and the new lengths from the lengths (`write_rows`' lengths_before), so a
+  decode append is one launch with no XLA fusion before it."""
+  can = num_new is None and not cache.fmt.sink and cache.num_layers is None
+  if positions_in_kernel and not can:
+    raise ValueError(f"positions_in_kernel=True needs num_new=None, a format without sink tokens and one layer's "
+                     f"cache; got num_new={'None' if num_new is None else 'an array'}, sink={cache.fmt.sink}, "
+                     f"num_layers={cache.num_layers}")
+  placed = can if positions_in_kernel is None else positions_in_kernel
   return cache_lib.append(cache, k, v, num_new, write_rows=functools.partial(
-      write_rows, interpret=interpret, flush_in_kernel=flush_in_kernel))
+      write_rows, interpret=interpret, flush_in_kernel=flush_in_kernel,
+      lengths_before=cache.lengths if placed else None))
 
 
 @functools.partial(jax.jit, donate_argnums=(0,), static_argnames=("implementation",))
