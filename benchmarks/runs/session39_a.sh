@@ -17,10 +17,10 @@ native_tests 90 pytest_placed "placed or (key_flush_equals_xla and kivi2_g128+wo
 timeout 150 python3 benchmarks/decode_kernels.py --batches 8 --contexts 32768 --formats kivi2_g128,fp8_e4m3 \
   --peers torch_sdpa --step-batches 8 --stream-gb 2 --out $OUT/decode_${tag}_step_s39.json > $OUT/dk_step_log.txt 2>&1
 echo "dk step rc=$?"; grep -v Warning $OUT/dk_step_log.txt | grep -E " us |Error" | cut -c1-120 | tail -n 20
-timeout 60 python3 benchmarks/profile_step.py --what append,step --formats kivi2_g128 \
+(( LIMIT - SECONDS > 140 )) && timeout 60 python3 benchmarks/profile_step.py --what append,step --formats kivi2_g128 \
   --points 8:32768 --top 8 --out $OUT/profile_step_s39.json > $OUT/profile_log.txt 2>&1
 echo "profile rc=$?"; grep -v Warning $OUT/profile_log.txt | tail -n 20 | cut -c1-160
-timeout 80 python3 benchmarks/profile_step.py --what attend --formats kivi2_g128,kivi2 \
+(( LIMIT - SECONDS > 100 )) && timeout 80 python3 benchmarks/profile_step.py --what attend --formats kivi2_g128,kivi2 \
   --points 1:1024,1:4096,8:1024 --top 6 --out $OUT/profile_attend_s39.json > $OUT/profile_attend_log.txt 2>&1
 echo "profile attend rc=$?"; grep -v Warning $OUT/profile_attend_log.txt | tail -n 40 | cut -c1-160
 for ctx in 1024 4096; do
