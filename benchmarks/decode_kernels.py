@@ -47,6 +47,7 @@ from decode_report import BF16_PEERS, KV_FORMATS, merge_and_plot, plot, save, su
 
 SHAPE = SHAPES["llama3_8b"]  # the timed head shape; main() sets it from --shape
 WINDOW = None  # sliding window of the kvjax kernels (Gemma local layers); main() sets it from --window
+STEP_WRITERS = None  # the step rows' writers by suffix ("" XLA, "_pallas", ...; None: all); from --step-writers
 # The appended tokens' dtype: a bf16 model's k / v (`kvjax.module`'s projections, the bf16 peer's rows). Until
 # session 24 the steps appended float32 tokens, which a KIVI append first rounds to its bf16 residual: two
 # more XLA fusions before the writer. main() sets it from --token-dtype.
@@ -183,6 +184,8 @@ def kvjax_rows(fmt_name, b, ctx, reps, key, do_step, opts=None):
       # the KIVI key block quantized inside the write kernel (not where that kernel is too slow to compile)
       writers.append(("_pallas_flush", functools.partial(write.append, flush_in_kernel=True)))
     for suffix, append_fn in writers:
+      if STEP_WRITERS is not None and suffix not in STEP_WRITERS:
+        continue
       full = decode_step(functools.partial(ops.decode_attention, **kernel_options(opts)), b, ctx,
                          length, append_fn)
       try:
@@ -387,6 +390,8 @@ def main():
                   help="head shape (gemma2_2b: 8 query / 4 KV heads, head_dim 256, soft-cap 50)")
   ap.add_argument("--window", type=int, help="sliding window of the kvjax kernels (peers: none)")
   ap.add_argument("--step-batches", default="8", help="batches whose full step and append are timed")
+  ap.add_argument("--step-writers", default=None,
+                  help="comma-separated writers of the step rows: xla,pallas,pallas_xla_pos,pallas_flush (default all)")
   ap.add_argument("--token-dtype", default="bfloat16", choices=("bfloat16", "float32"),
                   help="dtype of the tokens the timed steps append (a bf16 model's k / v by default)")
   ap.add_argument("--batches", default="1,8,64")
@@ -419,8 +424,10 @@ def main():
   rows, t_start = [], time.time()
   if args.merge is not None:
     return merge_and_plot(args.merge, args.out)
-  global SHAPE, WINDOW, TOKEN_DTYPE
+  global SHAPE, WINDOW, TOKEN_DTYPE, STEP_WRITERS
   SHAPE, WINDOW, TOKEN_DTYPE = SHAPES[args.shape], args.window, jnp.dtype(args.token_dtype)
+  STEP_WRITERS = None if args.step_writers is None else {
+      "" if w == "xla" else "_" + w for w in args.step_writers.split(",")}
 
   def log(msg):
     print(f"[{time.time() - t_start:6.0f}s] {msg}", flush=True)

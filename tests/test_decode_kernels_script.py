@@ -112,3 +112,16 @@ def test_promote_retires_triton_kivi_rows(tmp_path):
   (tmp_path / "h100.json").write_text(json.dumps(dict(src, meta={"device_kind": "NVIDIA H100 80GB HBM3"})))
   with pytest.raises(ValueError, match="h100.json ran on 'NVIDIA H100 80GB HBM3'; expected one of"):
     sp.promote(table, (("h100.json", sources[0][1]),), str(tmp_path))
+
+
+def test_append_only_wraps_every_set_then_appends():
+  """`append_only` over the cache sets (the placed writer, interpreted): each set's lengths wrapped back before
+  the capacity in one op (`wrapped`), then one token appended."""
+  import jax.numpy as jnp  # noqa: PLC0415
+  from pallas_kernels.gpu import write  # noqa: PLC0415
+
+  length, _, ns, caches, q = decode_kernels.cache_sets("fp8_e4m3", 2, 512, jax.random.PRNGKey(0))
+  caches = (caches[0].replace(lengths=jnp.full((2,), 511, jnp.int32)),) + caches[1:]  # at the wrap point
+  _, new = jax.jit(decode_kernels.append_only(write.append, 2, 512, length))((q, caches))
+  assert len(new) == ns and [c.lengths.tolist() for c in new] == [[length + 1] * 2] + [[length + 1] * 2] * (ns - 1)
+  assert [c.lengths.tolist() for c in decode_kernels.wrapped(caches, 512, length)][0] == [length] * 2
