@@ -28,7 +28,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -44,6 +43,7 @@ from pallas_kernels.gpu import mosaic_fp8, ops, write
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import SHAPES, check_all, opts_name, split_layout, sweep_grid  # noqa: E402
 from decode_report import BF16_PEERS, KV_FORMATS, merge_and_plot, plot, save, summary  # noqa: E402
+from torch_peer import torch_sdpa_row  # noqa: E402
 
 SHAPE = SHAPES["llama3_8b"]  # the timed head shape; main() sets it from --shape
 WINDOW = None  # sliding window of the kvjax kernels (Gemma local layers); main() sets it from --window
@@ -326,49 +326,9 @@ def stream_tbps(reps, gb=4.0):
   return n * 2 / us / 1e6
 
 
-TORCH_SNIPPET = r"""
-import json, sys, torch, torch.nn.functional as F
-b, ctx, reps, K, N, H = map(int, sys.argv[1:7])
-length = ctx - 256
-per = b * ctx * K * H * 2
-ns = int(min(16, max(1, -(-3 * 60e6 // (2 * per)))))
-kv = [(torch.randn(b, K, length, H, device="cuda", dtype=torch.bfloat16),
-       torch.randn(b, K, length, H, device="cuda", dtype=torch.bfloat16)) for _ in range(ns)]
-q = torch.randn(b, N, 1, H, device="cuda", dtype=torch.bfloat16)
-def run(q, n):
-  for _ in range(n):
-    for k, v in kv:
-      q = q + 1e-3 * F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-  return q
-steps = int(max(2, min(100, 30000 / max(2 * per / 3e6, 1) / ns)))
-run(q, 2); torch.cuda.synchronize()
-g = torch.cuda.CUDAGraph()
-with torch.cuda.graph(g):
-  out = run(q, steps)
-g.replay(); torch.cuda.synchronize()
-ts = []
-for _ in range(reps):
-  e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-  e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
-  ts.append(e0.elapsed_time(e1) * 1e3 / (steps * ns))
-ts.sort()
-print(json.dumps({"us": ts[len(ts) // 2], "bytes": 2 * per * length / ctx}))
-"""
-
-
 def torch_row(b, ctx, reps):
-  try:
-    args = (b, ctx, reps, SHAPE.k_heads, SHAPE.n_heads, SHAPE.head_dim)
-    r = subprocess.run([sys.executable, "-c", TORCH_SNIPPET, *map(str, args)],
-                       capture_output=True, text=True, timeout=300)
-    d = json.loads(r.stdout.strip().splitlines()[-1])
-    return d["us"], d["bytes"]
-  except Exception as e:  # torch absent or failed: no row
-    print("torch_sdpa failed:", repr(e)[:200], file=sys.stderr)
-    return None
-
-
-# ----------------------------------------------------------------------------- correctness
+  """`torch_peer.torch_sdpa_row` at the timed head shape."""
+  return torch_sdpa_row(b, ctx, reps, SHAPE.k_heads, SHAPE.n_heads, SHAPE.head_dim)
 
 
 # ----------------------------------------------------------------------------- main
