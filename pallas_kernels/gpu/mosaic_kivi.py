@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.gpu import mosaic_epilogue as epilogue, mosaic_groups as groups, mosaic_kivi_checks as checks
-from pallas_kernels.gpu import mosaic_kivi_fp8 as kivi_fp8
+from pallas_kernels.gpu import mosaic_kivi_fp8 as kivi_fp8, mosaic_pipeline as pipeline
 from pallas_kernels.gpu import mosaic_kivi_window as window_lib, mosaic_planes as planes
 from pallas_kernels.gpu.mosaic_common import (balanced_range, kmajor_slab, soft_capped, softmax_columns, store_kmajor,
                                               wgmma_sum, widened)
@@ -403,8 +403,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     elif opt.stop_at_length:  # only steps holding a token below the length (none past it)
       live = jnp.minimum(lax.div(length + (nt * TILE - 1), nt * TILE), num_splits * steps)
       steps = jnp.clip(live - first, 0, steps)
-    pipe = lambda step_fn: plgpu.emit_pipeline(
-        step_fn, grid=(steps,), max_concurrent_steps=stages, init_carry=init,
+    pipe = lambda step_fn: pipeline.emit(
+        step_fn, steps=steps, stages=stages, init_carry=init, warp_fetch=opt.warp_fetch, interpret=interpret,
         in_specs=[plgpu.BlockSpec((nt * TILE, kwpr), lambda t: (first + t, 0), transforms=code_tiles),
                   plgpu.BlockSpec((nt * h, vwpr), lambda t: (first + t, 0), transforms=code_tiles),
                   *[plgpu.BlockSpec(sblock(nt, n_, key), lambda t: (first + t,) + (0,) * grouped)

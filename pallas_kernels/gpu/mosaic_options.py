@@ -98,6 +98,10 @@ class Options:
     no byte permutes), not from jnp's conversions; compiled for an H200: 652 -> 600 loop SASS a tile, 126
     registers. H100, B=8 32k alone 95.8 -> 91.0 us; the words bit for bit the jnp ones natively (session 38).
     With xwarp_split: the default (`dequant_fp8xp`).
+  warp_fetch: with manual_barriers, the pipeline's refetch after tile t issued by warp t % 4 alone
+    (`mosaic_pipeline.emit`: `pl.core_map(plgpu.WarpMesh)`), not by all 4 warps with one elected thread
+    copying: the 6 copies' descriptor and coordinate arithmetic (~110 loop SASS a warp, compiled for an H200)
+    on one scheduler of 4 a tile, rotating, rather than on every scheduler every tile.
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
@@ -129,6 +133,7 @@ class Options:
   fp8_mma: bool = False
   xwarp_split: bool = False
   ptx_words: bool = False
+  warp_fetch: bool = False
   timing_only: str = ""
   smem_pad_kb: int = 0
 
@@ -145,6 +150,9 @@ class Options:
       raise ValueError("ptx_words needs fp8_mma (they are the e4m3 step's B words)")
     if self.xwarp_split and not (self.fp8_mma and self.manual_barriers):
       raise ValueError("xwarp_split needs fp8_mma and manual_barriers (the step's own barriers order its scratch)")
+    if self.warp_fetch and not self.manual_barriers:
+      raise ValueError("warp_fetch needs manual_barriers (a warp map under Mosaic's automatic barriers costs two "
+                       "warpgroup barriers a tile)")
     if self.narrow_mma and not self.narrow_softmax:
       raise ValueError("narrow_mma needs narrow_softmax (the N = 8 products hold the narrow softmax's 8 rows)")
     if not 0 <= self.smem_pad_kb <= 160:
@@ -237,6 +245,10 @@ VARIANTS = {
     "dequant_fp8xp": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
                              stop_at_length=True, balance=True, shift32=True, manual_barriers=True, fp8_mma=True,
                              xwarp_split=True, ptx_words=True),
+    # session 40: and the refetch issued by one warp a tile, rotating (`mosaic_pipeline`)
+    "dequant_fp8xpw": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                              stop_at_length=True, balance=True, shift32=True, manual_barriers=True, fp8_mma=True,
+                              xwarp_split=True, ptx_words=True, warp_fetch=True),
     "dequant_mask_s16_bal_om_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                            stop_at_length=True, balance=True, opaque_magic=True, shift32=True),
 }

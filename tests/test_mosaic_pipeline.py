@@ -1,0 +1,47 @@
+"""`mosaic_pipeline.emit` (`Options.warp_fetch`): the KIVI kernel's tile pipeline with each refetch issued by
+one warp, rotating. Natively on a GPU (the warp map), else interpreted (the same steps, slots and barriers)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kvjax import attention, cache as kvcache, formats
+from pallas_kernels import test_base
+from pallas_kernels.gpu import mosaic_decode as md, mosaic_kivi as mk, mosaic_pipeline
+
+INTERPRET = jax.default_backend() != "gpu"
+
+
+def _cache(lengths, capacity):
+  rng = np.random.default_rng(11)
+  b, h = len(lengths), 128
+  c = kvcache.init_cache(formats.preset("kivi2_g128"), b, 1, capacity, h, kivi_layout="words")
+  t = max(max(lengths), 1)
+  kv = lambda: jnp.asarray(rng.normal(size=(b, 1, t, h)) + rng.normal(size=(1, 1, 1, h)), jnp.float32)
+  return kvcache.prefill(c, kv(), kv(), jnp.asarray(lengths, jnp.int32))
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_warp_fetch_is_bit_for_bit_the_default_pipeline(splits):
+  """The same tiles into the same slots: the states equal `dequant_fp8xp`'s exactly, at lengths that leave a
+  split no step, fewer steps than stages, and (1 split, 1100 tokens: 8 tiles) every warp's turn twice."""
+  lengths = (1100, 0, 129, 300)
+  c = _cache(lengths, capacity=1280)
+  q = jnp.asarray(np.random.default_rng(5).normal(size=(len(lengths), 4, 1, 128)), jnp.bfloat16)
+  run = lambda v: np.asarray(md.decode_attention(q, c, num_splits=splits, interpret=INTERPRET, variant=v,
+                                                 window="kernel", glue_in_kernel=True), np.float32)
+  warp, base = run("dequant_fp8xpw"), run("dequant_fp8xp")
+  np.testing.assert_array_equal(warp, base)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
+  assert test_base.relative_error(warp, ref) < 4e-3
+
+
+def test_warp_fetch_validation():
+  with pytest.raises(ValueError, match="warp_fetch needs manual_barriers"):
+    dataclasses.replace(mk.VARIANTS["dequant_fp8xpw"], manual_barriers=False, xwarp_split=False)
+  with pytest.raises(ValueError, match="stages must be a positive int, got 0"):
+    mosaic_pipeline.emit(lambda *a: a[-1], steps=4, stages=0, init_carry=0, in_specs=[], warp_fetch=True,
+                         interpret=True)
