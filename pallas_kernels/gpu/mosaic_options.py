@@ -229,6 +229,10 @@ VARIANTS = {
     "dequant_denorm_s32_mb_lag0": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
                                           stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
                                           lag=0),
+    # session 40: G=32's build with the refetch issued by one warp a tile, rotating (`mosaic_pipeline`)
+    "dequant_denorm_s32_mb_lag0w": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                                           stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
+                                           lag=0, warp_fetch=True),
     # session 36: the products at WGMMA's N = 8 where the narrow softmax applies, lag 0: 93 registers, 40 KB
     # (the window's ring keys in 32-channel parts), 5 programs per SM (KIVI-2 G=128 at head_dim 128)
     "dequant_denorm_s32_mb_n8": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
