@@ -51,3 +51,14 @@ def test_warp_fetch_validation():
   with pytest.raises(ValueError, match="stages must be a positive int, got 0"):
     mosaic_pipeline.emit(lambda *a: a[-1], steps=4, stages=0, init_carry=0, in_specs=[], warp_fetch=True,
                          interpret=True)
+
+
+def test_the_defaults_take_warp_fetch_where_it_ran_natively():
+  """KIVI-2 G=128 and the grouped build at head_dim 128 issue their refetches one warp a tile (timed and bit for
+  bit natively, session 40); head_dim 256 (Gemma) keeps the build without it until it has run natively."""
+  fetch = lambda fmt, h: mk.VARIANTS[md.default_variant(
+      kvcache.init_cache(formats.preset(fmt), 1, 1, 256, h, kivi_layout="words"))].warp_fetch
+  assert fetch("kivi2_g128", 128) and fetch("kivi2", 128) and fetch("kivi4", 128)
+  assert not fetch("kivi2_g128", 256) and not fetch("kivi2", 256)
+  assert md.default_variant(kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, 256, kivi_layout="words")) \
+      == md.WIDE_HEAD_VARIANT

@@ -27,8 +27,8 @@ from kvjax.formats import KIVISpec
 from pallas_kernels.gpu import decode, merge, mosaic_epilogue as epilogue, mosaic_kivi as mk, window_merge
 
 __all__ = ["supports", "repack", "window_states", "decode_attention", "default_splits", "DEFAULT_VARIANT",
-           "FP16_VARIANT", "GROUPED_VARIANT", "GROUPS", "BITS", "WINDOWS", "DEFAULT_WINDOW", "auto_window",
-           "resolved_window", "default_variant", "GLUE_IN_KERNEL",
+           "FP16_VARIANT", "GROUPED_VARIANT", "WIDE_HEAD_VARIANT", "GROUPS", "BITS", "WINDOWS", "DEFAULT_WINDOW",
+           "auto_window", "resolved_window", "default_variant", "GLUE_IN_KERNEL",
            "PALLAS_MERGE", "pallas_merge_default"]
 
 # Session 12 (H200, B=8 32k Llama-3-8B heads, decode_parts/mosaic_s12a.json): dequant_mask 128.0 us at
@@ -57,15 +57,21 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # 95.0 us (session 37's range alone 97.2); through ops 101.0 -> 93.3 against torch SDPA's 351.3 (3.77x), B=64
 # 686.3 -> 596.3 against 2749.9 (4.61x) (`decode_parts/session38/call1/`). Then B's e4m3 words from one PTX block
 # a register pair (`Options.ptx_words`, 652 -> 600 loop SASS): alone 95.8 -> 91.0 us; through ops B=8 89.6 against
-# torch's 341.2 (3.81x), B=64 571.4 against 2661.7 (4.66x) (`session38/call4-6/`).
-DEFAULT_VARIANT = "dequant_fp8xp"
+# torch's 341.2 (3.81x), B=64 571.4 against 2661.7 (4.66x) (`session38/call4-6/`). Session 40: each refetch issued
+# by one warp a tile, rotating (`Options.warp_fetch`, `mosaic_pipeline`; loop SASS 600 -> 568, ~60 of them run by
+# one warp of 4, compiled for an H200): H100, alone 90.95 / 90.63 -> 87.97 us; through ops B=8 89.5 -> 85.9 against
+# torch's 341.2 (3.81x -> 3.97x), B=64 569.9 -> 533.1 against 2662.1 (4.67x -> 4.99x) (`session40/call1/`).
+DEFAULT_VARIANT = "dequant_fp8xpw"
 FP16_VARIANT = "dequant_denorm_s32_mb"  # the default through session 37: the fp16 step the default falls back to
 # G=32 (session 22, `mosaic_groups`: each M-block's group scales loaded per thread, regrouped once a tile):
 # compiled for an H200 on the CPU at B=8 32k (`decode_parts/mosaic_sass_aot_g32_s22.json`), the tile loop is 839
 # SASS instructions against G=128's 768; lag 0 keeps it at 124 registers (4 programs per SM), lag 1 at 130 (3).
 # H200, the kernel alone at B=8 32k (`decode_parts/session22/mosaic_sass_g*.json`): lag 0 124.5 us, lag 1 165.3,
-# G=128's default 105.6; through ops 130.0 against torch SDPA's 238.9 (Triton's G=32 kernel: 352.0).
-GROUPED_VARIANT = "dequant_denorm_s32_mb_lag0"
+# G=128's default 105.6; through ops 130.0 against torch SDPA's 238.9 (Triton's G=32 kernel: 352.0). Session 40:
+# with `Options.warp_fetch` (H100, G=32 alone 120.29 -> 116.52 us; natively bit for bit the build without it at G=32
+# and KIVI-4, `session40/call1-2/`); head_dim 256 (Gemma) keeps WIDE_HEAD_VARIANT until it has run natively.
+GROUPED_VARIANT = "dequant_denorm_s32_mb_lag0w"
+WIDE_HEAD_VARIANT = "dequant_denorm_s32_mb_lag0"
 GROUPS = (mk.TILE, 32)  # the group sizes the kernel takes
 BITS = (2, 4)  # and code widths (KIVI-4: session 22; natively right and timed on an H100 in session 23)
 # Where the residual window's state is made (`decode_attention`'s window). "auto": the window as one more
@@ -136,12 +142,18 @@ def auto_window(variant: str | mk.Options, k_res_dtype, v_res_dtype) -> str:
   return "kernel" if ok else "pallas"
 
 
+def _grouped(cache) -> bool:
+  """G=32, 4-bit codes or head_dim 256: the grouped build's caches (not the e4m3 step's)."""
+  return cache.fmt.key.group_size != mk.TILE or cache.fmt.key.bits != 2 or cache.head_dim != mk.TILE
+
+
 def default_variant(cache) -> str:
   """`decode_attention`'s build for `cache`: DEFAULT_VARIANT for KIVI-2 G=128 at head_dim 128, else GROUPED_VARIANT
-  (lag 0; at head_dim 256 compiled for an H200 on the CPU: 167 registers, 3 programs per SM, against
-  DEFAULT_VARIANT's 178, 2; `decode_parts/session28/sass_aot_head_dim_256.json`)."""
-  grouped = cache.fmt.key.group_size != mk.TILE or cache.fmt.key.bits != 2 or cache.head_dim != mk.TILE
-  return GROUPED_VARIANT if grouped else DEFAULT_VARIANT
+  at head_dim 128 and WIDE_HEAD_VARIANT at 256 (lag 0; at head_dim 256 compiled for an H200 on the CPU: 167
+  registers, 3 programs per SM, against DEFAULT_VARIANT's 178, 2; `decode_parts/session28/sass_aot_head_dim_256.json`)."""
+  if not _grouped(cache):
+    return DEFAULT_VARIANT
+  return GROUPED_VARIANT if cache.head_dim == mk.TILE else WIDE_HEAD_VARIANT
 
 
 def resolved_window(cache, window: str, variant=None) -> str:
@@ -287,7 +299,7 @@ def decode_attention(q, cache, *, sm_scale: float | None = None, num_splits: int
     raise ValueError(f"q must be [B, N, T, {cache.head_dim}] with N a multiple of the {kh} KV heads and "
                      f"N / {kh} x T <= {mk.ROWS} query rows per KV head, got {q.shape}")
   b, n, t, h = q.shape
-  grouped = default_variant(cache) == GROUPED_VARIANT  # G=32, 4-bit or head_dim 256
+  grouped = _grouped(cache)  # G=32, 4-bit or head_dim 256
   if variant is None:
     variant = default_variant(cache)
   opt = variant if isinstance(variant, mk.Options) else mk.VARIANTS.get(variant, mk.Options())
