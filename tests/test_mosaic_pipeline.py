@@ -15,28 +15,32 @@ from pallas_kernels.gpu import mosaic_decode as md, mosaic_kivi as mk, mosaic_pi
 INTERPRET = jax.default_backend() != "gpu"
 
 
-def _cache(lengths, capacity, fmt="kivi2_g128"):
+def _cache(lengths, capacity, fmt="kivi2_g128", h=128):
   rng = np.random.default_rng(11)
-  b, h = len(lengths), 128
+  b = len(lengths)
   c = kvcache.init_cache(formats.preset(fmt), b, 1, capacity, h, kivi_layout="words")
   t = max(max(lengths), 1)
   kv = lambda: jnp.asarray(rng.normal(size=(b, 1, t, h)) + rng.normal(size=(1, 1, 1, h)), jnp.float32)
   return kvcache.prefill(c, kv(), kv(), jnp.asarray(lengths, jnp.int32))
 
 
-@pytest.mark.parametrize("fmt,splits,variants", [
-    ("kivi2_g128", 1, ("dequant_fp8xpw", "dequant_fp8xp")),
-    ("kivi2_g128", 2, ("dequant_fp8xpw", "dequant_fp8xp")),
-    ("kivi2", 2, ("dequant_denorm_s32_mb_lag0w", "dequant_denorm_s32_mb_lag0")),  # G=32: the grouped build
-    ("kivi4", 1, ("dequant_denorm_s32_mb_lag0w", "dequant_denorm_s32_mb_lag0")),  # 4-bit codes
+GROUPED = ("dequant_denorm_s32_mb_lag0w", "dequant_denorm_s32_mb_lag0")
+
+
+@pytest.mark.parametrize("fmt,splits,variants,h", [
+    ("kivi2_g128", 1, ("dequant_fp8xpw", "dequant_fp8xp"), 128),
+    ("kivi2_g128", 2, ("dequant_fp8xpw", "dequant_fp8xp"), 128),
+    ("kivi2", 2, GROUPED, 128),  # G=32: the grouped build
+    ("kivi4", 1, GROUPED, 128),  # 4-bit codes
+    ("kivi2", 1, GROUPED, 256),  # Gemma's head_dim (not the default there until it has run natively)
 ])
-def test_warp_fetch_is_bit_for_bit_the_default_pipeline(fmt, splits, variants):
+def test_warp_fetch_is_bit_for_bit_the_default_pipeline(fmt, splits, variants, h):
   """The same tiles into the same slots: the states equal the build's without warp_fetch exactly, at lengths
   that leave a split no step, fewer steps than stages, and (1 split, 1100 tokens: 8 tiles) every warp's turn
   twice."""
   lengths = (1100, 0, 129, 300)
-  c = _cache(lengths, capacity=1280, fmt=fmt)
-  q = jnp.asarray(np.random.default_rng(5).normal(size=(len(lengths), 4, 1, 128)), jnp.bfloat16)
+  c = _cache(lengths, capacity=1280, fmt=fmt, h=h)
+  q = jnp.asarray(np.random.default_rng(5).normal(size=(len(lengths), 4 * 128 // h, 1, h)), jnp.bfloat16)
   run = lambda v: np.asarray(md.decode_attention(q, c, num_splits=splits, interpret=INTERPRET, variant=v,
                                                  window="kernel", glue_in_kernel=True), np.float32)
   warp, base = map(run, variants)
