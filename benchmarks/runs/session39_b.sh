@@ -2,7 +2,7 @@
 # Session 39, the short call left at the budget's end: natively the placed writer's tests
 # (`tests/test_gpu_placed_append.py`), then KIVI-2 G=128's B=8 32k step with the placed writer
 # (`kvjax_step_pallas`) against the writer given XLA's positions (`kvjax_step_pallas_xla_pos`), each append alone,
-# beside torch SDPA (`session39_a.sh` is the full call).
+# beside torch SDPA (`session40_a.sh` is the full call).
 set -u
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"
 source "$(dirname "$0")/device_setup.sh"

@@ -150,7 +150,8 @@ def _grouped(cache) -> bool:
 def default_variant(cache) -> str:
   """`decode_attention`'s build for `cache`: DEFAULT_VARIANT for KIVI-2 G=128 at head_dim 128, else GROUPED_VARIANT
   at head_dim 128 and WIDE_HEAD_VARIANT at 256 (lag 0; at head_dim 256 compiled for an H200 on the CPU: 167
-  registers, 3 programs per SM, against DEFAULT_VARIANT's 178, 2; `decode_parts/session28/sass_aot_head_dim_256.json`)."""
+  registers, 3 programs per SM, against DEFAULT_VARIANT's 178, 2;
+  `decode_parts/session28/sass_aot_head_dim_256.json`)."""
   if not _grouped(cache):
     return DEFAULT_VARIANT
   return GROUPED_VARIANT if cache.head_dim == mk.TILE else WIDE_HEAD_VARIANT
