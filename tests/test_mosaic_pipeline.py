@@ -66,3 +66,18 @@ def test_the_defaults_take_warp_fetch_where_it_ran_natively():
   assert not fetch("kivi2_g128", 256) and not fetch("kivi2", 256)
   assert md.default_variant(kvcache.init_cache(formats.preset("kivi2"), 1, 1, 256, 256, kivi_layout="words")) \
       == md.WIDE_HEAD_VARIANT
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.int8], ids=["e4m3", "int8"])
+def test_fp8_kernel_warp_fetch_is_bit_for_bit(dtype):
+  """The Mosaic FP8 / INT8 kernel with `Fp8Options.warp_fetch`: the same states as without, over 9 steps in one
+  split (every warp's turn twice), an empty sequence and one shorter than the stages; validated."""
+  from fp8_cases import fp8_case  # tests/fp8_cases.py, a plain module (conftest)
+  from pallas_kernels.gpu import mosaic_fp8 as mf
+  q_t, ln, k, ks, v, vs = fp8_case((1100, 0, 129), dtype, capacity=1152, kv_heads=1)
+  run = lambda o: [np.asarray(x) for x in mf.fp8_states(q_t, ln, k, ks, v, vs, num_splits=1, interpret=INTERPRET,
+                                                         options=o)]
+  for warp, base in zip(run(mf.Fp8Options(warp_fetch=True)), run(mf.Fp8Options()), strict=True):
+    np.testing.assert_array_equal(warp, base)
+  with pytest.raises(ValueError, match="warp_fetch needs manual_barriers"):
+    mf.Fp8Options(warp_fetch=True, manual_barriers=False)

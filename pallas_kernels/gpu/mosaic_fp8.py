@@ -51,6 +51,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kvjax.formats import FP8Spec, IntSpec
 from pallas_kernels.gpu import decode, mosaic_decode, mosaic_epilogue as epilogue, mosaic_kivi as mk
+from pallas_kernels.gpu import mosaic_pipeline as pipeline
 from pallas_kernels.gpu.mosaic_common import balanced_range, soft_capped, softmax_columns, wgmma_sum, widened
 from pallas_kernels.gpu.mosaic_options import Fp8Options
 from pallas_kernels.gpu.mosaic_registers import INT8_PRMT, KEY_PERM, SLAB, as_wgmma, int8_as_f16
@@ -303,8 +304,8 @@ def _run(q_in, scale, lengths, k, ks, v, vs, *, num_splits, value_tile, num_quer
     l_shape = (tile, width) if opt.lazy_sums else (width,)
     init = ((jnp.zeros((HALF, ROWS), jnp.float32),) * vh, jnp.full((width,), NEG, jnp.float32),
             jnp.zeros(l_shape, jnp.float32))
-    pipe = plgpu.emit_pipeline(
-        step, grid=(steps,), max_concurrent_steps=opt.stages, init_carry=init,
+    pipe = pipeline.emit(
+        step, steps=steps, stages=opt.stages, init_carry=init, warp_fetch=opt.warp_fetch, interpret=interpret,
         in_specs=[plgpu.BlockSpec((tile, h), lambda t: (first + t, 0), transforms=key_tiles),
                   plgpu.BlockSpec((vt_per_step * h, value_tile), lambda t: (first + t, 0), transforms=value_tiles),
                   plgpu.BlockSpec((tile,), lambda t: (first + t,)),

@@ -302,6 +302,8 @@ class Fp8Options:
     (b, k) one cluster, merged by its first program after a cluster barrier). The cluster of 4 measured 36%
     slower at B=8 32k and 33% at 128k, the kernel alone (272.8 / 998.3 us; 8 splits 223.2 us, 10%) on the H100;
     why, not found.
+  warp_fetch: with manual_barriers, each refetch issued by one warp a step, rotating (`mosaic_pipeline.emit`, as
+    `Options.warp_fetch`). Off until timed natively.
   """
   tile: int = 128
   stages: int = 2
@@ -318,8 +320,11 @@ class Fp8Options:
   int8_prmt: bool = True
   narrow_softmax: bool = True
   merge: str = "count"
+  warp_fetch: bool = False
 
   def __post_init__(self):
+    if self.warp_fetch and not self.manual_barriers:
+      raise ValueError("warp_fetch needs manual_barriers (the step's last commit frees the slot it refetches)")
     if self.tile not in (64, 128):
       raise ValueError(f"tile must be 64 or 128 tokens, got {self.tile}")
     if not 1 <= self.stages <= 4:
