@@ -72,6 +72,27 @@ def loops(rows):
   return out
 
 
+def fetch_block(rows) -> tuple[int, bool]:
+  """In a loop's rows (`parse_life_ranges`' rows), the pipeline's refetch block: the instructions between the
+  last forward conditional branch before the loop's first UTMALDG that jumps past its last one and that
+  branch's label; and whether a warp-index read (SHFL.IDX) sits between the first such branch and it (the
+  block then runs on one warp of 4: `mosaic_pipeline`). (0, False) where the loop copies nothing."""
+  at = {t: i for i, (a, t, _) in enumerate(rows) if a is None}
+  tma = [i for i, (a, t, _) in enumerate(rows) if a is not None and "UTMALDG" in t]
+  if not tma:
+    return 0, False
+  skips = []
+  for i, (a, t, _) in enumerate(rows[:tma[0]]):
+    m = re.match(r"@!?U?P\d\s+BRA\s+`?\(?(\.L_x_\d+)", t) if a is not None else None
+    if m and at.get(m.group(1), -1) > tma[-1]:
+      skips.append((i, at[m.group(1)]))
+  if not skips:
+    return 0, False
+  (first, _), (br, target) = skips[0], skips[-1]
+  size = sum(a is not None for a, _, _ in rows[br + 1:target])
+  return size, any(a is not None and "SHFL.IDX" in t for a, t, _ in rows[first:br])
+
+
 def analyze(text: str) -> dict:
   cols, rows = parse_life_ranges(text)
   counts = [c for c in (live_count(l) for a, _, l in rows if a is not None) if c is not None]
@@ -86,7 +107,9 @@ def analyze(text: str) -> dict:
   inside = [c for c in (live_count(l) for a, _, l in rows[i0:i1 + 1] if a is not None) if c is not None]
   body = [t for a, t, _ in rows[i0:i1 + 1] if a is not None]
   mix = collections.Counter(opcode(t).split(".")[0] for t in body)
-  out.update(loop_instructions=len(body), loop_mix=dict(mix.most_common(16)),
+  block, one_warp = fetch_block(rows[i0:i1 + 1])
+  out.update(loop_instructions=len(body), loop_mix=dict(mix.most_common(16)), loop_fetch_block=block,
+             loop_fetch_one_warp=one_warp,
              loop_peak_live=max(inside, default=0), loop_head_live=len(live),
              live_through=sorted(r for r in live if r not in touched))
   return out

@@ -50,6 +50,25 @@ def test_loop_and_live_through_registers():
   assert out["live_through"] == [3]  # R0 is read inside the loop; R3 only after it
 
 
+def _fetch_loop(guarded):
+  """A tile loop whose refetch (2 copies) is skipped when none is due and, if guarded, on the wrong warp."""
+  text = ["        /*0000*/  MOV R0, 0x1 ;", ".L_x_1:", "        /*0010*/  FADD R1, R1, R0 ;",
+          "        /*0020*/  @P1 BRA `(.L_x_2) ;"]
+  if guarded:
+    text += ["        /*0030*/  SHFL.IDX PT, R2, R0, RZ, 0x1f ;", "        /*0040*/  @P0 BRA `(.L_x_2) ;"]
+  text += ["        /*0050*/  R2UR UR4, R3 ;", "        /*0060*/  UTMALDG.3D [UR8], [UR4] ;",
+           "        /*0070*/  UTMALDG.3D [UR10], [UR4] ;", ".L_x_2:", "        /*0080*/  FMUL R1, R1, R0 ;",
+           "        /*0090*/  @P2 BRA `(.L_x_1) ;", "        /*00a0*/  EXIT ;"]
+  return "\n".join([HEADER] + [row(t, 1, {}) for t in text])
+
+
+def test_fetch_block_and_whether_one_warp_runs_it():
+  every, one = ptx_registers.analyze(_fetch_loop(False)), ptx_registers.analyze(_fetch_loop(True))
+  assert (every["loop_fetch_block"], every["loop_fetch_one_warp"]) == (3, False)
+  assert (one["loop_fetch_block"], one["loop_fetch_one_warp"]) == (3, True)
+  assert ptx_registers.analyze(PLR)["loop_fetch_block"] == 0  # no copies in the loop
+
+
 def test_no_header_is_an_error():
   with pytest.raises(ValueError, match="life-range header"):
     ptx_registers.analyze("        /*0000*/  EXIT ;")

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 40, first: `Options.warp_fetch` (preset `dequant_fp8xpw`: the tile pipeline's refetch issued by one
-# warp a tile, rotating, `mosaic_pipeline`; compiled for an H200 the loop is 623 -> 562 SASS, ~60 of them run by
+# warp a tile, rotating, `mosaic_pipeline`; compiled for an H200 the loop is 623 -> 562 SASS, 61 of them run by
 # one warp of 4) natively, then KIVI-2 G=128 alone at B=8 32k against the default (`dequant_fp8xp`), interleaved,
 # the grouped build (G=32, KIVI-4) alone likewise, then G=128 through ops beside torch SDPA at B=8 and B=64
 # 32k. CALL_LIMIT_S: the call's budget in seconds.

@@ -58,7 +58,7 @@ __all__ = ["supports", "repack", "window_states", "decode_attention", "default_s
 # 686.3 -> 596.3 against 2749.9 (4.61x) (`decode_parts/session38/call1/`). Then B's e4m3 words from one PTX block
 # a register pair (`Options.ptx_words`, 652 -> 600 loop SASS): alone 95.8 -> 91.0 us; through ops B=8 89.6 against
 # torch's 341.2 (3.81x), B=64 571.4 against 2661.7 (4.66x) (`session38/call4-6/`). Session 40: each refetch issued
-# by one warp a tile, rotating (`Options.warp_fetch`, `mosaic_pipeline`; loop SASS 600 -> 568, ~60 of them run by
+# by one warp a tile, rotating (`Options.warp_fetch`, `mosaic_pipeline`; loop SASS 600 -> 568, 61 of them run by
 # one warp of 4, compiled for an H200): H100, alone 90.95 / 90.63 -> 87.97 us; through ops B=8 89.5 -> 85.9 against
 # torch's 341.2 (3.81x -> 3.97x), B=64 569.9 -> 533.1 against 2662.1 (4.67x -> 4.99x) (`session40/call1/`).
 DEFAULT_VARIANT = "dequant_fp8xpw"

@@ -100,7 +100,7 @@ class Options:
     With xwarp_split: the default (`dequant_fp8xp`).
   warp_fetch: with manual_barriers, the pipeline's refetch after tile t issued by warp t % 4 alone
     (`mosaic_pipeline.emit`: `pl.core_map(plgpu.WarpMesh)`), not by all 4 warps with one elected thread
-    copying: the 6 copies' descriptor and coordinate arithmetic (~110 loop SASS a warp, compiled for an H200)
+    copying: the 6 copies' descriptor and coordinate arithmetic (100-114 loop SASS a warp, compiled for an H200)
     on one scheduler of 4 a tile, rotating, rather than on every scheduler every tile.
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization

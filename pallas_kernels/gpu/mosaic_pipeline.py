@@ -1,8 +1,9 @@
-"""The KIVI kernel's tile pipeline with its copies issued by one warp at a time (`Options.warp_fetch`).
+"""The Mosaic kernels' tile pipeline with its copies issued by one warp at a time (`Options.warp_fetch`,
+`Fp8Options.warp_fetch`).
 
 `plgpu.emit_pipeline` issues each step's TMA copies from the warpgroup: under Warpgroup lowering every one of
-the 4 warps runs the copies' descriptor and coordinate arithmetic (~110 SASS a tile for the KIVI kernel's 6
-copies, compiled for an H200), and only the copy itself is predicated on one elected thread of warp 0. Every
+the 4 warps runs the copies' descriptor and coordinate arithmetic (100-114 SASS a tile for the KIVI kernel's
+6 copies, compiled for an H200), and only the copy itself is predicated on one elected thread of warp 0. Every
 warp of every program on an SM pays it, on every one of the SM's 4 schedulers. Here the refetch after tile t
 runs inside `pl.core_map(plgpu.WarpMesh)` under `warp == t % 4`: one warp issues it (its elected lane copies,
 its 32 lanes arrive for the warpgroup), the other three branch past, and over 4 tiles each scheduler carries a
