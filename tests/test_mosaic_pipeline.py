@@ -49,12 +49,34 @@ def test_warp_fetch_is_bit_for_bit_the_default_pipeline(fmt, splits, variants, h
   assert test_base.relative_error(warp, ref) < 4e-3
 
 
+@pytest.mark.parametrize("fmt,variants", [
+    ("kivi2_g128", ("dequant_fp8xpwr", "dequant_fp8xpw")),  # the key-scale max by REDUX
+    ("kivi2_g128", ("dequant_fp8xpwrm", "dequant_fp8xpw")),  # and the mask on the partial tiles alone
+    ("kivi2", ("dequant_denorm_s32_mb_lag0wm", "dequant_denorm_s32_mb_lag0w")),  # G=32's, the mask alone
+    ("kivi4", ("dequant_denorm_s32_mb_lag0wm", "dequant_denorm_s32_mb_lag0w")),
+])
+def test_redux_max_and_full_tiles_are_bit_for_bit(fmt, variants):
+  """`Options.redux_max` / `full_tiles`: the states equal the build's without them exactly, at lengths that end
+  on a tile (every tile full: no masked branch), inside one (the last tile masked), 1 and 0, over 2 splits."""
+  lengths = (1024, 1100, 256, 129, 1, 0)
+  c = _cache(lengths, capacity=1280, fmt=fmt)
+  q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, 1, 128)), jnp.bfloat16)
+  run = lambda v: np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, variant=v,
+                                                 window="kernel", glue_in_kernel=True), np.float32)
+  new, base = map(run, variants)
+  np.testing.assert_array_equal(new, base)
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
+  assert test_base.relative_error(new, ref) < 4e-3
+
+
 def test_warp_fetch_validation():
   with pytest.raises(ValueError, match="warp_fetch needs manual_barriers"):
     dataclasses.replace(mk.VARIANTS["dequant_fp8xpw"], manual_barriers=False, xwarp_split=False)
   with pytest.raises(ValueError, match="stages must be a positive int, got 0"):
     mosaic_pipeline.emit(lambda *a: a[-1], steps=4, stages=0, init_carry=0, in_specs=[], warp_fetch=True,
                          interpret=True)
+  with pytest.raises(ValueError, match="redux_max needs fp8_mma"):
+    dataclasses.replace(mk.VARIANTS["dequant_denorm_s32_mb_lag0w"], redux_max=True)
 
 
 def test_the_defaults_take_warp_fetch_where_it_ran_natively():

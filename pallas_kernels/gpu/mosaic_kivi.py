@@ -184,21 +184,38 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     unpack="denorm": the logits come in / 2^DENORM_LOG2 (scaled back here, exactly) and the
     probabilities go out x 2^DENORM_LOG2 (the values' A holds v / 2^DENORM_LOG2; l is divided at the end).
     softcap: the logits capped first (in their own scale); lo0 (sliding): row n sees tokens > lo0 + n % T.
-    col_max: [TILE, N] -> [N], the max over the tokens (default `jnp.max`; `mosaic_xwarp`'s in the e4m3 step)."""
+    col_max: [TILE, N] -> [N], the max over the tokens (default `jnp.max`; `mosaic_xwarp`'s in the e4m3 step).
+    `Options.full_tiles` (no sliding window): the mask only where a tile holds a token at or past the length,
+    through a warp-uniform branch (`lax.cond`); full tiles take the branch without it (length None)."""
+    if opt.full_tiles and lo0 is None and length is not None:
+      full = (first_tile + len(scs)) * TILE <= length
+      return lax.cond(full, lambda *a: masked(*a, None, None, col_max), lambda *a: masked(*a, length, None, col_max),
+                      scs, first_tile, m_prev)
+    return masked(scs, first_tile, m_prev, length, lo0, col_max)
+
+  def masked(scs, first_tile, m_prev, length, lo0, col_max):
+    """`softmax` with the mask where length is given."""
     rows = lax.broadcasted_iota(jnp.int32, scs[0].shape, 0)
     if softcap is not None:
       scs = [soft_capped(sc, softcap, 2.0 ** DENORM_LOG2 if denorm else 1.0) for sc in scs]
-    oks = [(first_tile + j) * TILE + rows < length for j in range(len(scs))]
+    if length is None:
+      assert lo0 is None, "a sliding window masks every tile"
+      oks = [True] * len(scs)
+    else:
+      oks = [(first_tile + j) * TILE + rows < length for j in range(len(scs))]
     if lo0 is not None:
       lo = lo0 + lax.broadcasted_iota(jnp.int32, scs[0].shape, 1) % w_queries
       oks = [ok & ((first_tile + j) * TILE + rows > lo) for j, ok in enumerate(oks)]
-    scs = [jnp.where(ok, sc, NEG) for ok, sc in zip(oks, scs)]
+    if length is not None:
+      scs = [jnp.where(ok, sc, NEG) for ok, sc in zip(oks, scs)]
     top = (col_max or functools.partial(jnp.max, axis=0))(functools.reduce(jnp.maximum, scs))
     k = 2.0 ** DENORM_LOG2 if denorm else 1.0
     m_new = jnp.maximum(m_prev, top * k if denorm else top)
     alpha = jnp.exp2(m_prev - m_new)
     if denorm:  # a masked logit gives sc k - m_new <= NEG 2^DENORM_LOG2 - NEG < -1e34 (m_new >= NEG): exp2 is 0
       return [jnp.exp2(sc * k - (m_new - DENORM_LOG2)[None, :]) for sc in scs], m_new, alpha
+    if length is None:
+      return [jnp.exp2(sc - m_new[None, :]) for sc in scs], m_new, alpha
     return [jnp.where(ok, jnp.exp2(sc - m_new[None, :]), 0.0) for ok, sc in zip(oks, scs)], m_new, alpha
 
   once = opt.scales_once and (ks.dtype != jnp.float16 or vh > 1)
@@ -278,7 +295,7 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
   fp8_step = kivi_fp8.make_step(mma=mma, softmax=softmax, l_update=l_update, width=width, interpret=interpret,
                                 manual_barriers=opt.manual_barriers, xwarp=opt.xwarp_split,
-                                ptx_words=opt.ptx_words) if f8mma else None
+                                ptx_words=opt.ptx_words, redux_max=opt.redux_max) if f8mma else None
 
   if window is not None:  # the residual window's program (`mosaic_kivi_window`)
     wparts = window_lib.WindowParts(h, vh, bits, per_word, grouped, w_queries, softcap, sliding, interpret,

@@ -102,6 +102,12 @@ class Options:
     (`mosaic_pipeline.emit`: `pl.core_map(plgpu.WarpMesh)`), not by all 4 warps with one elected thread
     copying: the 6 copies' descriptor and coordinate arithmetic (100-114 loop SASS a warp, compiled for an H200)
     on one scheduler of 4 a tile, rotating, rather than on every scheduler every tile.
+  redux_max: with fp8_mma, the tile's largest key scale (B_K's bound; every warp computes it) reduced over the
+    warp by one `redux.sync.max.u32` on the f32 bits of |scale|, not 5 shuffles and 5 maxima
+    (`mosaic_kivi_fp8.scales_max`); the same value for KIVI's scales (>= 0).
+  full_tiles: the softmax's length mask only on the tiles that hold a token at or past the length: a
+    warp-uniform branch a tile (`lax.cond` on (tile + 1) 128 <= length) takes full tiles past the mask's
+    compares and selects (sliding windows still mask every tile).
   timing_only: a diagnostic that makes the states WRONG, to time what the rest of the step costs
     (`benchmarks/mosaic_sass.py` builds only; `mosaic_decode` refuses it): "scale" drops the dequantization
     (A is the masked plane as read, no scale or zero: one HFMA2 a pair of codes less), "unpack" drops the
@@ -134,6 +140,8 @@ class Options:
   xwarp_split: bool = False
   ptx_words: bool = False
   warp_fetch: bool = False
+  redux_max: bool = False
+  full_tiles: bool = False
   timing_only: str = ""
   smem_pad_kb: int = 0
 
@@ -150,6 +158,8 @@ class Options:
       raise ValueError("ptx_words needs fp8_mma (they are the e4m3 step's B words)")
     if self.xwarp_split and not (self.fp8_mma and self.manual_barriers):
       raise ValueError("xwarp_split needs fp8_mma and manual_barriers (the step's own barriers order its scratch)")
+    if self.redux_max and not self.fp8_mma:
+      raise ValueError("redux_max needs fp8_mma (it is the e4m3 step's key-scale bound)")
     if self.warp_fetch and not self.manual_barriers:
       raise ValueError("warp_fetch needs manual_barriers (a warp map under Mosaic's automatic barriers costs two "
                        "warpgroup barriers a tile)")
@@ -233,6 +243,10 @@ VARIANTS = {
     "dequant_denorm_s32_mb_lag0w": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
                                            stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
                                            lag=0, warp_fetch=True),
+    # session 41: and only the tiles holding the length mask (`Options.full_tiles`)
+    "dequant_denorm_s32_mb_lag0wm": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                                            stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
+                                            lag=0, warp_fetch=True, full_tiles=True),
     # session 36: the products at WGMMA's N = 8 where the narrow softmax applies, lag 0: 93 registers, 40 KB
     # (the window's ring keys in 32-channel parts), 5 programs per SM (KIVI-2 G=128 at head_dim 128)
     "dequant_denorm_s32_mb_n8": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
@@ -253,6 +267,15 @@ VARIANTS = {
     "dequant_fp8xpw": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
                               stop_at_length=True, balance=True, shift32=True, manual_barriers=True, fp8_mma=True,
                               xwarp_split=True, ptx_words=True, warp_fetch=True),
+    # session 41: and the tile's key-scale max by one redux.sync a warp (`mosaic_kivi_fp8.scales_max`)
+    "dequant_fp8xpwr": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                               stop_at_length=True, balance=True, shift32=True, manual_barriers=True, fp8_mma=True,
+                               xwarp_split=True, ptx_words=True, warp_fetch=True, redux_max=True),
+    # session 41: and only the tiles holding the length mask (`Options.full_tiles`)
+    "dequant_fp8xpwrm": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                                stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
+                                fp8_mma=True, xwarp_split=True, ptx_words=True, warp_fetch=True, redux_max=True,
+                                full_tiles=True),
     "dequant_mask_s16_bal_om_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                            stop_at_length=True, balance=True, opaque_magic=True, shift32=True),
 }
