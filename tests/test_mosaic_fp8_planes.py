@@ -50,13 +50,16 @@ def test_b_rows_pair_columns_w_and_64_plus_w():
   np.testing.assert_array_equal(np.asarray(f8.word_factors())[np.arange(128) // 2], want)
 
 
-def test_e4m3_words_hold_the_values_to_bf16_precision():
-  """hi + lo of each value within 2^-8 of it (relative; e4m3's subnormal step near 0), byte 0 of word w the
-  first half's value, byte 1 the second's; a value e4m3 holds exactly has lo = 0."""
+@pytest.mark.parametrize("f16_rest", [False, True], ids=["f32_rest", "f16_rest"])
+def test_e4m3_words_hold_the_values_to_bf16_precision(f16_rest):
+  """hi + lo of each value within 2^-8 of it (relative; e4m3's subnormal step near 0; f16_rest: and fp16's
+  2^-11 more), byte 0 of word w the first half's value, byte 1 the second's; a value e4m3 holds exactly has
+  lo = 0."""
   k1, k2 = jax.random.split(jax.random.PRNGKey(2))
   y_lo = jax.random.normal(k1, (64, 8)) * 40.0
   y_hi = jax.random.normal(k2, (64, 8)).at[0, 0].set(1.5)  # 1.5 is exact in e4m3
-  words = np.asarray(f8.e4m3_words(y_lo, y_hi))
+  words = np.asarray(f8.e4m3_words(y_lo, y_hi, f16_rest=f16_rest))
+  bound = 2.0 ** -8 + (2.0 ** -11 if f16_rest else 0.0)
   assert words.shape == (64, 16) and words.dtype == np.uint16
 
   def val(wd, byte):
@@ -65,7 +68,7 @@ def test_e4m3_words_hold_the_values_to_bf16_precision():
   for byte, y in ((0, y_lo), (1, y_hi)):
     got = val(words[:, :8], byte).astype(np.float64) + val(words[:, 8:], byte)
     y = np.asarray(y, np.float64)
-    assert np.all(np.abs(got - y) <= 2.0 ** -8 * np.abs(y) + 2.0 ** -10)
+    assert np.all(np.abs(got - y) <= bound * np.abs(y) + 2.0 ** -10)
   assert val(words[:, 8:], 1)[0, 0] == 0.0 and val(words[:, :8], 1)[0, 0] == 1.5
 
 
@@ -113,9 +116,11 @@ def test_wgmma_rate_cases_are_validated():
     wgmma_rate.Case("fp16", 16, 0, 1)
 
 
-def test_e4m3_words_in_a_kernel_equal_the_jnp_words():
+@pytest.mark.parametrize("f16_rest", [False, True], ids=["f32_rest", "f16_rest"])
+def test_e4m3_words_in_a_kernel_equal_the_jnp_words(f16_rest):
   """`e4m3_words(..., interpret=False)` (one PTX block a register pair, natively) gives the jnp form's words
-  bit for bit, for values across e4m3's range (interpreted here: the jnp form in Mosaic GPU's interpreter)."""
+  bit for bit, for values across e4m3's range (interpreted here: the jnp form in Mosaic GPU's interpreter);
+  with f16_rest too (its own PTX block)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
   k1, k2 = jax.random.split(jax.random.PRNGKey(7))
   y_lo = jax.random.normal(k1, (64, 8)) * jnp.exp2(jax.random.randint(k2, (64, 8), -8, 8).astype(jnp.float32))
@@ -127,7 +132,7 @@ def test_e4m3_words_in_a_kernel_equal_the_jnp_words():
       plgpu.copy_gmem_to_smem(src, dst, bar)
       plgpu.barrier_wait(bar)
     load = (lambda r: r[...]) if not NATIVE else (lambda r: plgpu.load(r, (), layout=plgpu.Layout.WGMMA))
-    o_s[...] = f8.e4m3_words(load(lo_s), load(hi_s), interpret=not NATIVE)
+    o_s[...] = f8.e4m3_words(load(lo_s), load(hi_s), interpret=not NATIVE, f16_rest=f16_rest)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_s, o_g)
     plgpu.wait_smem_to_gmem(0)
@@ -138,4 +143,4 @@ def test_e4m3_words_in_a_kernel_equal_the_jnp_words():
                                     plgpu.SMEM((64, 16), jnp.uint16), plgpu.Barrier(num_arrivals=1)],
                      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
                      **kw)(y_lo, y_hi)
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(f8.e4m3_words(y_lo, y_hi)))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(f8.e4m3_words(y_lo, y_hi, f16_rest=f16_rest)))

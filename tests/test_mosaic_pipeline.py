@@ -69,12 +69,29 @@ def test_redux_max_and_full_tiles_are_bit_for_bit(fmt, variants):
   assert test_base.relative_error(new, ref) < 4e-3
 
 
+def test_f16_rest_stays_within_bf16_error():
+  """`Options.f16_rest` (B's lo words from the rest in fp16: not bit for bit the f32 rest) on the default
+  build: the states within bf16's error of the reference and of the build without it."""
+  lengths = (1024, 1100, 129, 0)
+  c = _cache(lengths, capacity=1280)
+  q = jnp.asarray(np.random.default_rng(9).normal(size=(len(lengths), 4, 1, 128)), jnp.bfloat16)
+  run = lambda v: np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, variant=v,
+                                                 window="kernel", glue_in_kernel=True), np.float32)
+  new, base = run("dequant_fp8xpwrmh"), run("dequant_fp8xpwrm")
+  ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
+  assert test_base.relative_error(new, ref) < 4e-3
+  assert test_base.relative_error(new, base) < 4e-3
+  assert not np.array_equal(new, base)  # the rest did round differently somewhere
+
+
 def test_warp_fetch_validation():
   with pytest.raises(ValueError, match="warp_fetch needs manual_barriers"):
     dataclasses.replace(mk.VARIANTS["dequant_fp8xpw"], manual_barriers=False, xwarp_split=False)
   with pytest.raises(ValueError, match="stages must be a positive int, got 0"):
     mosaic_pipeline.emit(lambda *a: a[-1], steps=4, stages=0, init_carry=0, in_specs=[], warp_fetch=True,
                          interpret=True)
+  with pytest.raises(ValueError, match="f16_rest needs fp8_mma"):
+    dataclasses.replace(mk.VARIANTS["dequant_denorm_s32_mb_lag0w"], f16_rest=True)
   with pytest.raises(ValueError, match="redux_max needs fp8_mma"):
     dataclasses.replace(mk.VARIANTS["dequant_denorm_s32_mb_lag0w"], redux_max=True)
 

@@ -132,18 +132,23 @@ def word_factors():
   return jnp.where((w >> 4) & 1 == 1, 2.0 ** -A_SCALE_LOG2 / 4, 2.0 ** -A_SCALE_LOG2).astype(jnp.float32)
 
 
-def e4m3_words(y_lo, y_hi, *, interpret: bool = True):
+def e4m3_words(y_lo, y_hi, *, interpret: bool = True, f16_rest: bool = False):
   """y_lo, y_hi [64, n] f32 (k columns w and 64 + w) -> [64, 2 n] uint16: columns 0..n-1 the words of the
   values rounded to e4m3 (hi: byte 0 y_lo's, byte 1 y_hi's), n..2n-1 of what that rounding left (lo), so
   hi + lo is each value to about bf16's 8 significant bits. Stored K-major as [2 n, 64] words, it is the
   e4m3 B operand [2 n, 128] in `b_order_channels`' order. interpret=False (in a Mosaic GPU kernel, WGMMA
   layouts): `_words_ptx`, the same words from one PTX block a register pair (a word is one conversion of
-  the pair (y_lo, y_hi): no byte permutes); out of range, both saturate to +-448 natively."""
+  the pair (y_lo, y_hi): no byte permutes); out of range, both saturate to +-448 natively. f16_rest: lo is
+  what the rounding left of y in fp16, f16(y) - hi (exact: hi is y to e4m3's 4 bits), rounded to e4m3: 5
+  conversions and subtractions a value pair rather than 7 in the PTX block, lo within fp16's 2^-11 of y's
+  rest (an eighth of lo's own e4m3 rounding)."""
   if not interpret:
-    return _words_ptx(y_lo, y_hi)
+    return _words_ptx(y_lo, y_hi, f16_rest)
 
   def split(y):
     hi = y.astype(jnp.float8_e4m3fn)
+    if f16_rest:
+      return hi, (y.astype(jnp.float16) - hi.astype(jnp.float16)).astype(jnp.float8_e4m3fn)
     return hi, (y - hi.astype(jnp.float32)).astype(jnp.float8_e4m3fn)
 
   def word(a, b):
@@ -180,7 +185,27 @@ _WORDS_PTX = """{
 }"""
 
 
-def _words_ptx(y_lo, y_hi):
+# f16_rest: y in fp16 (one conversion a pair), hi unpacked to fp16, their difference in one f16x2 subtraction
+# (exact), packed to e4m3 from fp16.
+_WORDS_F16_PTX = """{
+  .reg .b16 h0, h1, l0, l1;
+  .reg .b32 f0, f1, y0, y1;
+  cvt.rn.satfinite.e4m3x2.f32 h0, $3, $2;
+  cvt.rn.satfinite.e4m3x2.f32 h1, $5, $4;
+  cvt.rn.f16x2.f32 y0, $3, $2;
+  cvt.rn.f16x2.f32 y1, $5, $4;
+  cvt.rn.f16x2.e4m3x2 f0, h0;
+  cvt.rn.f16x2.e4m3x2 f1, h1;
+  sub.rn.f16x2 y0, y0, f0;
+  sub.rn.f16x2 y1, y1, f1;
+  cvt.rn.satfinite.e4m3x2.f16x2 l0, y0;
+  cvt.rn.satfinite.e4m3x2.f16x2 l1, y1;
+  mov.b32 $0, {h0, h1};
+  mov.b32 $1, {l0, l1};
+}"""
+
+
+def _words_ptx(y_lo, y_hi, f16_rest: bool = False):
   """`e4m3_words` on a Mosaic GPU kernel's registers (WGMMA layouts in and out)."""
   from jax._src.lib.mlir import ir  # noqa: PLC0415
   from jax._src.lib.mlir.dialects import llvm, vector  # noqa: PLC0415
@@ -202,7 +227,7 @@ def _words_ptx(y_lo, y_hi):
     for idx, ra in np.ndenumerate(a.registers):  # idx[1]: the 8-column tile, idx[4]: the 8-row half
       rb = b.registers[idx]
       ops = [vector.extract(r, [], [j]) for j in range(2) for r in (ra, rb)]  # a0 b0 a1 b1
-      out = llvm.inline_asm(struct, ops, _WORDS_PTX, "=r,=r,f,f,f,f")
+      out = llvm.inline_asm(struct, ops, _WORDS_F16_PTX if f16_rest else _WORDS_PTX, "=r,=r,f,f,f,f")
       hi, lo = (utils.bitcast(llvm.extractvalue(i32, out, [i]), pair) for i in range(2))
       regs[idx] = hi
       regs[idx[:1] + (idx[1] + n // 8,) + idx[2:]] = lo

@@ -295,7 +295,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
 
   fp8_step = kivi_fp8.make_step(mma=mma, softmax=softmax, l_update=l_update, width=width, interpret=interpret,
                                 manual_barriers=opt.manual_barriers, xwarp=opt.xwarp_split,
-                                ptx_words=opt.ptx_words, redux_max=opt.redux_max) if f8mma else None
+                                ptx_words=opt.ptx_words, redux_max=opt.redux_max,
+                                f16_rest=opt.f16_rest) if f8mma else None
 
   if window is not None:  # the residual window's program (`mosaic_kivi_window`)
     wparts = window_lib.WindowParts(h, vh, bits, per_word, grouped, w_queries, softcap, sliding, interpret,

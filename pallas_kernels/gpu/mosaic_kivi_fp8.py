@@ -105,14 +105,15 @@ def scratch(n: int, width: int, *, xwarp: bool, interpret: bool):
 
 
 def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_barriers: bool, xwarp: bool = False,
-              ptx_words: bool = False, redux_max: bool = False):
+              ptx_words: bool = False, redux_max: bool = False, f16_rest: bool = False):
   """step(length, first, bufs, query, lo0) -> the pipeline's step over one tile; bufs: `scratch`'s buffers,
   query: `query_halves`' output. mma / softmax / l_update: `kivi2_states`' own. xwarp (`Options.xwarp_split`):
   q . z's cross-warp sum split around the key commit's barrier, the softmax's max with one barrier, not two
   (`mosaic_xwarp`); the values' commit and the step's last barrier keep each scratch from being rewritten
   before it is read; that last barrier without a proxy fence. ptx_words (`Options.ptx_words`): B's words from
   one PTX block a register pair (`f8.e4m3_words(..., interpret=False)`), else from jnp's conversions.
-  redux_max (`Options.redux_max`): the tile's largest key scale through `scales_max(..., redux=True)`."""
+  redux_max (`Options.redux_max`): the tile's largest key scale through `scales_max(..., redux=True)`.
+  f16_rest (`Options.f16_rest`): B's lo words from the rest in fp16 (`f8.e4m3_words(..., f16_rest=True)`)."""
   jnp_words = interpret or not ptx_words
   if xwarp and not manual_barriers:
     raise ValueError("xwarp needs manual_barriers (the step's own barriers order its scratch)")
@@ -142,7 +143,7 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
         s_top = scales_max(ks_s, q_top.shape[0], interpret=interpret, redux=redux_max)
         et = _exponent(q_top * s_top * 2.0 ** 9) - 7
         f8.store_b(bk, f8.e4m3_words(y_lo * _pow2(-et)[None, :], y_hi * _pow2(-et)[None, :],
-                                     interpret=jnp_words), interpret=interpret)
+                                     interpret=jnp_words, f16_rest=f16_rest), interpret=interpret)
         z_lo, z_hi = (f8.rows_half(kz_s, i, interpret=interpret) for i in range(2))
         qz = q_lo * z_lo[:, None] + q_hi * z_hi[:, None]  # q . z's terms, summed over the rows (channels)
         if xwarp:  # each warp's part now, the 4 parts after the commit's barrier
@@ -160,8 +161,8 @@ def make_step(*, mma, softmax, l_update, width: int, interpret: bool, manual_bar
       with jax.named_scope("vprep"):
         vfac = fac * 2.0 ** VALUE_SCALE_LOG2
         v_lo, v_hi = (_checked(f8.rows_half(vs_s, i, interpret=interpret)) * vfac for i in range(2))
-        f8.store_b(bv, f8.e4m3_words(p[:64] * v_lo[:, None], p[64:] * v_hi[:, None], interpret=jnp_words),
-                   interpret=interpret)
+        f8.store_b(bv, f8.e4m3_words(p[:64] * v_lo[:, None], p[64:] * v_hi[:, None], interpret=jnp_words,
+                                     f16_rest=f16_rest), interpret=interpret)
         cv = cv * alpha[None, :] + p * row(vz_s).astype(jnp.float32)[:, None]  # sum_t p z_t, lazily
         l_new = l_update(l_prev, alpha, p)
         plgpu.commit_smem()

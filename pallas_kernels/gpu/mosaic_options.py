@@ -105,6 +105,9 @@ class Options:
   redux_max: with fp8_mma, the tile's largest key scale (B_K's bound; every warp computes it) reduced over the
     warp by one `redux.sync.max.u32` on the f32 bits of |scale|, not 5 shuffles and 5 maxima
     (`mosaic_kivi_fp8.scales_max`); the same value for KIVI's scales (>= 0).
+  f16_rest: with fp8_mma, B's lo words (what e4m3's rounding of a value left) from the value in fp16 minus
+    its hi word unpacked to fp16 (exact), not in f32 (`mosaic_fp8_planes.e4m3_words(f16_rest=True)`): 5
+    conversions and subtractions a value pair rather than 7; lo off by at most fp16's 2^-11 of the value.
   full_tiles: the softmax's length mask only on the tiles that hold a token at or past the length: a
     warp-uniform branch a tile (`lax.cond` on (tile + 1) 128 <= length) takes full tiles past the mask's
     compares and selects (sliding windows still mask every tile).
@@ -142,6 +145,7 @@ class Options:
   warp_fetch: bool = False
   redux_max: bool = False
   full_tiles: bool = False
+  f16_rest: bool = False
   timing_only: str = ""
   smem_pad_kb: int = 0
 
@@ -158,6 +162,8 @@ class Options:
       raise ValueError("ptx_words needs fp8_mma (they are the e4m3 step's B words)")
     if self.xwarp_split and not (self.fp8_mma and self.manual_barriers):
       raise ValueError("xwarp_split needs fp8_mma and manual_barriers (the step's own barriers order its scratch)")
+    if self.f16_rest and not self.fp8_mma:
+      raise ValueError("f16_rest needs fp8_mma (it is the e4m3 step's B words)")
     if self.redux_max and not self.fp8_mma:
       raise ValueError("redux_max needs fp8_mma (it is the e4m3 step's key-scale bound)")
     if self.warp_fetch and not self.manual_barriers:
@@ -276,6 +282,11 @@ VARIANTS = {
                                 stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
                                 fp8_mma=True, xwarp_split=True, ptx_words=True, warp_fetch=True, redux_max=True,
                                 full_tiles=True),
+    # session 41: and B's lo words from the rest in fp16 (`Options.f16_rest`)
+    "dequant_fp8xpwrmh": Options(dequant_in_a=True, lazy_sums=True, unpack="denorm", scales_once=True,
+                                 stop_at_length=True, balance=True, shift32=True, manual_barriers=True,
+                                 fp8_mma=True, xwarp_split=True, ptx_words=True, warp_fetch=True, redux_max=True,
+                                 full_tiles=True, f16_rest=True),
     "dequant_mask_s16_bal_om_s32": Options(dequant_in_a=True, lazy_sums=True, unpack="mask", scales_once=True,
                                            stop_at_length=True, balance=True, opaque_magic=True, shift32=True),
 }
