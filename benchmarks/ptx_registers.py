@@ -93,6 +93,25 @@ def fetch_block(rows) -> tuple[int, bool]:
   return size, any(a is not None and "SHFL.IDX" in t for a, t, _ in rows[first:br])
 
 
+def diamonds(rows) -> list[tuple[int, int]]:
+  """In a loop's rows, each if / else (a conditional forward branch to label A, an unconditional branch to
+  label B just before A, B after A): (instructions of the arm that falls through, of the arm at A), the
+  unconditional branch counted with the first (`Options.full_tiles`' masked and unmasked softmax)."""
+  at = {t: i for i, (a, t, _) in enumerate(rows) if a is None}
+  out = []
+  for i, (a, t, _) in enumerate(rows):
+    m = re.match(r"@!?U?P\d\s+BRA\s+`?\(?(\.L_x_\d+)", t) if a is not None else None
+    j = at.get(m.group(1), -1) if m else -1
+    if j <= i or rows[j - 1][0] is None:
+      continue
+    e = re.match(r"BRA\s+`?\(?(\.L_x_\d+)", rows[j - 1][1])
+    k = at.get(e.group(1), -1) if e else -1
+    if k > j:
+      count = lambda lo, hi: sum(r[0] is not None for r in rows[lo:hi])
+      out.append((count(i + 1, j), count(j + 1, k)))
+  return out
+
+
 def analyze(text: str) -> dict:
   cols, rows = parse_life_ranges(text)
   counts = [c for c in (live_count(l) for a, _, l in rows if a is not None) if c is not None]
@@ -108,8 +127,10 @@ def analyze(text: str) -> dict:
   body = [t for a, t, _ in rows[i0:i1 + 1] if a is not None]
   mix = collections.Counter(opcode(t).split(".")[0] for t in body)
   block, one_warp = fetch_block(rows[i0:i1 + 1])
+  arms = diamonds(rows[i0:i1 + 1])
   out.update(loop_instructions=len(body), loop_mix=dict(mix.most_common(16)), loop_fetch_block=block,
-             loop_fetch_one_warp=one_warp,
+             loop_fetch_one_warp=one_warp, loop_if_else=arms,
+             loop_shortest_path=len(body) - sum(max(a) for a in arms),  # each if / else by its shorter arm
              loop_peak_live=max(inside, default=0), loop_head_live=len(live),
              live_through=sorted(r for r in live if r not in touched))
   return out

@@ -69,6 +69,21 @@ def test_fetch_block_and_whether_one_warp_runs_it():
   assert ptx_registers.analyze(PLR)["loop_fetch_block"] == 0  # no copies in the loop
 
 
+def test_if_else_arms_and_the_shortest_path():
+  """A loop holding an if / else (the masked arm falls through, 3 instructions with its jump; the unmasked
+  arm 1): both arms counted, the shortest path through the loop takes the shorter one."""
+  text = ["        /*0000*/  MOV R0, 0x1 ;", ".L_x_1:", "        /*0010*/  FADD R1, R1, R0 ;",
+          "        /*0020*/  @!P0 BRA `(.L_x_3) ;", "        /*0030*/  FSEL R1, R1, RZ, P1 ;",
+          "        /*0040*/  FSEL R2, R2, RZ, P1 ;", "        /*0050*/  BRA `(.L_x_4) ;", ".L_x_3:",
+          "        /*0060*/  FMUL R1, R1, R0 ;", ".L_x_4:", "        /*0070*/  FADD R1, R1, R2 ;",
+          "        /*0080*/  @P2 BRA `(.L_x_1) ;", "        /*0090*/  EXIT ;"]
+  out = ptx_registers.analyze("\n".join([HEADER] + [row(t, 1, {}) for t in text]))
+  assert out["loop_instructions"] == 8 and out["loop_if_else"] == [(3, 1)]
+  assert out["loop_shortest_path"] == 5
+  plain = ptx_registers.analyze(PLR)
+  assert plain["loop_if_else"] == [] and plain["loop_shortest_path"] == plain["loop_instructions"]
+
+
 def test_no_header_is_an_error():
   with pytest.raises(ValueError, match="life-range header"):
     ptx_registers.analyze("        /*0000*/  EXIT ;")
