@@ -20,7 +20,7 @@ demo: setup
 	$(PY) -m kvjax.demo
 
 test: setup
-	$(PY) -m pytest -n $(JOBS) tests
+	$(PY) -m pytest -n $(JOBS) --durations=30 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
