@@ -49,8 +49,8 @@ _opts = lambda v: v if isinstance(v, mk.Options) else mk.VARIANTS[v]
 def test_interpreted_presets_cover_every_option():
   for field in dataclasses.fields(mk.Options):
     if field.name in ("timing_only", "narrow_softmax", "narrow_mma", "smem_pad_kb", "fp8_mma", "xwarp_split",
-                      "ptx_words"):  # own tests (narrow: needs live_rows <= 8; narrow_mma and the e4m3 step's
-      # options: also test_mosaic_decode)
+                      "ptx_words", "redux_max", "full_tiles", "f16_rest"):  # own tests (narrow: needs live_rows
+      # <= 8; narrow_mma and the e4m3 step's options: also test_mosaic_decode; session 41's: test_mosaic_pipeline)
       continue
     # the default and min_share=4 run in test_balanced_splits_share_the_live_tiles
     seen = {getattr(_opts(v), field.name) for v in INTERPRETED + (mosaic_decode.DEFAULT_VARIANT, "dequant_denorm_s32_mb4")}
