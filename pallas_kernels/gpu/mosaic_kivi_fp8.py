@@ -67,7 +67,7 @@ def scales_max(ref, width: int, *, interpret: bool, redux: bool = False):
   each warp reads all of them (4 a lane) and reduces by 5 shuffles and maxima, no barrier. redux
   (`Options.redux_max`): the lanes' maxima as f32 bit patterns reduced by one `redux.sync.max.s32` (REDUX), not
   the shuffles: as signed integers floats keep their order where one is >= 0, so the same value (NaN wins).
-  Compiled for an H200 (KIVI-2 G=128, B=8 32k): 562 -> 555 loop SASS (session 41)."""
+  Compiled for an H200 (KIVI-2 G=128, B=8 32k): 562 -> 554 loop SASS (session 41)."""
   if interpret:
     return jnp.full((width,), jnp.max(ref[...].astype(jnp.float32)), jnp.float32)
   from jax._src.lib.mlir import ir  # noqa: PLC0415
