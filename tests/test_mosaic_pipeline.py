@@ -24,6 +24,12 @@ def _cache(lengths, capacity, fmt="kivi2_g128", h=128):
   return kvcache.prefill(c, kv(), kv(), jnp.asarray(lengths, jnp.int32))
 
 
+def _decode(q, c, splits, variant):
+  """The kernel's output for variant, with the window and glue in the kernel, as f32."""
+  return np.asarray(md.decode_attention(q, c, num_splits=splits, interpret=INTERPRET, variant=variant,
+                                        window="kernel", glue_in_kernel=True), np.float32)
+
+
 GROUPED = ("dequant_denorm_s32_mb_lag0w", "dequant_denorm_s32_mb_lag0")
 
 
@@ -41,8 +47,7 @@ def test_warp_fetch_is_bit_for_bit_the_default_pipeline(fmt, splits, variants, h
   lengths = (1100, 0, 129, 300)
   c = _cache(lengths, capacity=1280, fmt=fmt, h=h)
   q = jnp.asarray(np.random.default_rng(5).normal(size=(len(lengths), 4 * 128 // h, 1, h)), jnp.bfloat16)
-  run = lambda v: np.asarray(md.decode_attention(q, c, num_splits=splits, interpret=INTERPRET, variant=v,
-                                                 window="kernel", glue_in_kernel=True), np.float32)
+  run = lambda v: _decode(q, c, splits, v)
   warp, base = map(run, variants)
   np.testing.assert_array_equal(warp, base)
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
@@ -61,8 +66,7 @@ def test_redux_max_and_full_tiles_are_bit_for_bit(fmt, variants):
   lengths = (1024, 1100, 256, 129, 1, 0)
   c = _cache(lengths, capacity=1280, fmt=fmt)
   q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 4, 1, 128)), jnp.bfloat16)
-  run = lambda v: np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, variant=v,
-                                                 window="kernel", glue_in_kernel=True), np.float32)
+  run = lambda v: _decode(q, c, 2, v)
   new, base = map(run, variants)
   np.testing.assert_array_equal(new, base)
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
@@ -75,8 +79,7 @@ def test_f16_rest_stays_within_bf16_error():
   lengths = (1024, 1100, 129, 0)
   c = _cache(lengths, capacity=1280)
   q = jnp.asarray(np.random.default_rng(9).normal(size=(len(lengths), 4, 1, 128)), jnp.bfloat16)
-  run = lambda v: np.asarray(md.decode_attention(q, c, num_splits=2, interpret=INTERPRET, variant=v,
-                                                 window="kernel", glue_in_kernel=True), np.float32)
+  run = lambda v: _decode(q, c, 2, v)
   new, base = run("dequant_fp8xpwrmh"), run("dequant_fp8xpwrm")
   ref = np.asarray(attention.decode_attention(q.astype(jnp.float32), c))
   assert test_base.relative_error(new, ref) < 4e-3

@@ -198,11 +198,8 @@ def kivi2_states(q_t, lengths, kc, ks, kz, vc, vs, vz, *, num_splits: int, inter
     rows = lax.broadcasted_iota(jnp.int32, scs[0].shape, 0)
     if softcap is not None:
       scs = [soft_capped(sc, softcap, 2.0 ** DENORM_LOG2 if denorm else 1.0) for sc in scs]
-    if length is None:
-      assert lo0 is None, "a sliding window masks every tile"
-      oks = [True] * len(scs)
-    else:
-      oks = [(first_tile + j) * TILE + rows < length for j in range(len(scs))]
+    assert length is not None or lo0 is None, "a sliding window masks every tile"
+    oks = None if length is None else [(first_tile + j) * TILE + rows < length for j in range(len(scs))]
     if lo0 is not None:
       lo = lo0 + lax.broadcasted_iota(jnp.int32, scs[0].shape, 1) % w_queries
       oks = [ok & ((first_tile + j) * TILE + rows > lo) for j, ok in enumerate(oks)]

@@ -103,7 +103,7 @@ class Options:
     copying: the 6 copies' descriptor and coordinate arithmetic (100-114 loop SASS a warp, compiled for an H200)
     on one scheduler of 4 a tile, rotating, rather than on every scheduler every tile.
   redux_max: with fp8_mma, the tile's largest key scale (B_K's bound; every warp computes it) reduced over the
-    warp by one `redux.sync.max.u32` on the f32 bits of |scale|, not 5 shuffles and 5 maxima
+    warp by one `redux.sync.max.s32` on the f32 bits of the lanes' maxima, not 5 shuffles and 5 maxima
     (`mosaic_kivi_fp8.scales_max`); the same value for KIVI's scales (>= 0).
   f16_rest: with fp8_mma, B's lo words (what e4m3's rounding of a value left) from the value in fp16 minus
     its hi word unpacked to fp16 (exact), not in f32 (`mosaic_fp8_planes.e4m3_words(f16_rest=True)`): 5
